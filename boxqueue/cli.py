@@ -1,0 +1,63 @@
+"""``boxqueue serve --config FILE [--data-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from boxqueue.config import ConfigError, load_config
+from boxqueue.process import Server
+from storage.environment import StorageError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="boxqueue", description="A Tarantool-compatible queue server")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the server")
+    serve.add_argument("--config", required=True, help="TOML config, or a Tarantool 1.5 .cfg")
+    serve.add_argument("--data-dir", help="LMDB directory (overrides data_dir)")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config, args.data_dir)
+    except ConfigError as exc:
+        print(f"boxqueue: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(Server(config).run)
+    except KeyboardInterrupt:
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - report start-up failures without a traceback
+        leaves = _leaves(exc)
+        if leaves and all(isinstance(e, StorageError | OSError) for e in leaves):
+            for leaf in leaves:
+                prefix = "cannot listen: " if isinstance(leaf, OSError) else ""
+                print(f"boxqueue: {prefix}{leaf}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for inner in exc.exceptions:
+            out.extend(_leaves(inner))
+        return out
+    return [exc]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

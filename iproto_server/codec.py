@@ -1,0 +1,288 @@
+"""The iproto codec, sans-IO: bytes in, :class:`Request` events out; responses to bytes.
+
+Nothing here touches a socket. :class:`RequestDecoder` is fed whatever arrived and hands back
+complete requests; the connection code decides what to do with them.
+
+Framing rules kept here (see the iproto notes, section 2):
+
+* a request's length prefix may be any msgpack unsigned int; a response's is always ``0xCE`` and
+  four bytes;
+* a bad length prefix, or one above the configured maximum, is fatal: answer, then close;
+* a bad header or body is answered with ER_INVALID_MSGPACK and the connection goes on;
+* the raw bytes of the body's TUPLE are kept, so tuples are stored exactly as sent.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from errcodes import ER, BoxError
+from spaces.msgpack_values import Raw, make_unpacker, pack, pack_array
+
+# Request and response types
+SELECT = 1
+INSERT = 2
+REPLACE = 3
+UPDATE = 4
+DELETE = 5
+CALL_16 = 6
+AUTH = 7
+EVAL = 8
+UPSERT = 9
+CALL = 10
+EXECUTE = 11
+NOP = 12
+PREPARE = 13
+BEGIN = 14
+COMMIT = 15
+ROLLBACK = 16
+PING = 64
+ID = 73
+WATCH = 74
+UNWATCH = 75
+CHUNK = 0x80
+ERROR_FLAG = 0x8000
+
+# Header keys
+REQUEST_TYPE = 0x00
+SYNC = 0x01
+SCHEMA_VERSION = 0x05
+STREAM_ID = 0x0A
+
+# Body keys
+SPACE_ID = 0x10
+INDEX_ID = 0x11
+LIMIT = 0x12
+OFFSET = 0x13
+ITERATOR = 0x14
+INDEX_BASE = 0x15
+KEY = 0x20
+TUPLE = 0x21
+FUNCTION_NAME = 0x22
+USER_NAME = 0x23
+EXPR = 0x27
+OPS = 0x28
+DATA = 0x30
+ERROR_24 = 0x31
+ERROR = 0x52
+VERSION = 0x54
+FEATURES = 0x55
+AUTH_TYPE = 0x5B
+SPACE_NAME = 0x5E
+INDEX_NAME = 0x5F
+
+# Keys of an entry of the extended error stack (MP_ERROR)
+ERROR_STACK = 0x00
+ERROR_TYPE = 0x00
+ERROR_FILE = 0x01
+ERROR_LINE = 0x02
+ERROR_MESSAGE = 0x03
+ERROR_ERRNO = 0x04
+ERROR_CODE = 0x05
+ERROR_FIELDS = 0x06
+
+# The bodies whose TUPLE is stored as sent.
+_KEEP_RAW_TUPLE = frozenset({INSERT, REPLACE, UPSERT})
+
+
+@dataclass(slots=True)
+class Request:
+    """One decoded request. ``body`` maps body keys to values; ``tuple_raw`` is TUPLE as sent."""
+
+    type: int
+    sync: int
+    schema_version: int
+    body: dict[int, Any]
+    tuple_raw: bytes | None = None
+    stream_id: int = 0
+
+
+@dataclass(slots=True)
+class BadRequest:
+    """A request that could be framed but not decoded: answer ``error`` under ``sync``."""
+
+    sync: int
+    error: BoxError
+
+
+class FramingError(Exception):
+    """The stream cannot be framed any more: answer ``error`` with sync 0, then close."""
+
+    def __init__(self, error: BoxError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+_LEN_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
+class RequestDecoder:
+    """Turns a byte stream into :class:`Request` and :class:`BadRequest` events."""
+
+    def __init__(self, max_packet: int = 16 * 1024 * 1024) -> None:
+        self.max_packet = max_packet
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def next_event(self) -> Request | BadRequest | None:
+        """The next complete request, or ``None`` until more bytes arrive.
+
+        Raises :class:`FramingError` when the length prefix is unusable.
+        """
+        buf = self._buf
+        pos = self._pos
+        avail = len(buf) - pos
+        if avail <= 0:
+            return None
+        first = buf[pos]
+        if first <= 0x7F:
+            length, width = first, 1
+        else:
+            width = _LEN_WIDTH.get(first)
+            if width is None:
+                raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
+            if avail < 1 + width:
+                return None
+            length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+        if length > self.max_packet:
+            raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
+        start = pos + 1 + width if first > 0x7F else pos + 1
+        end = start + length
+        if len(buf) < end:
+            return None
+        packet = bytes(buf[start:end])
+        self._pos = end
+        if self._pos > 65536 and self._pos * 2 > len(buf):
+            del buf[: self._pos]
+            self._pos = 0
+        return decode_packet(packet)
+
+
+def decode_packet(packet: bytes) -> Request | BadRequest:
+    """Decode one packet (header map, then optional body map) without its length prefix."""
+    unpacker = make_unpacker()
+    unpacker.feed(packet)
+    try:
+        header = unpacker.unpack()
+    except Exception:
+        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
+    if type(header) is not dict:
+        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
+    sync = header.get(SYNC, 0)
+    rtype = header.get(REQUEST_TYPE, 0)
+    schema_version = header.get(SCHEMA_VERSION, 0)
+    stream_id = header.get(STREAM_ID, 0)
+    if type(sync) is not int or sync < 0:
+        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
+    if type(rtype) is not int or type(schema_version) is not int or type(stream_id) is not int:
+        return BadRequest(sync, BoxError(ER.INVALID_MSGPACK, "packet header"))
+    body_start = unpacker.tell()
+    if body_start == len(packet):
+        return Request(rtype, sync, schema_version, {}, None, stream_id)
+    tuple_raw = None
+    try:
+        if rtype in _KEEP_RAW_TUPLE:
+            body, tuple_raw = _body_keeping_tuple(unpacker, packet)
+        else:
+            body = unpacker.unpack()
+        if unpacker.tell() != len(packet):
+            raise ValueError("trailing bytes")
+    except Exception:
+        return BadRequest(sync, BoxError(ER.INVALID_MSGPACK, "packet body"))
+    if type(body) is not dict:
+        return BadRequest(sync, BoxError(ER.INVALID_MSGPACK, "packet body"))
+    return Request(rtype, sync, schema_version, body, tuple_raw, stream_id)
+
+
+def _body_keeping_tuple(unpacker: msgpack.Unpacker, packet: bytes) -> tuple[dict[int, Any], bytes | None]:
+    body: dict[int, Any] = {}
+    tuple_raw = None
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key == TUPLE:
+            start = unpacker.tell()
+            body[key] = unpacker.unpack()
+            tuple_raw = packet[start : unpacker.tell()]
+        else:
+            body[key] = unpacker.unpack()
+    return body, tuple_raw
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+_RESPONSE_HEAD = struct.Struct(">BIBBBIBBQBBI")
+_HEAD_LEN = _RESPONSE_HEAD.size - 5
+
+
+def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> bytes:
+    """A whole response packet: ``0xCE`` length, the header map, then ``body`` (msgpack bytes)."""
+    return _RESPONSE_HEAD.pack(
+        0xCE, _HEAD_LEN + len(body), 0x83, REQUEST_TYPE, 0xCE, code, SYNC, 0xCF, sync,
+        SCHEMA_VERSION, 0xCE, schema_version,
+    ) + body
+
+
+EMPTY_BODY = b"\x80"
+EMPTY_DATA_BODY = b"\x81\x30\x90"
+
+
+def data_body_from_tuples(tuples: list[bytes]) -> bytes:
+    """``{DATA: [...]}`` from tuples that are already msgpack bytes (array32, as Tarantool)."""
+    return b"\x81\x30\xdd" + len(tuples).to_bytes(4, "big") + b"".join(tuples)
+
+
+def data_body(values: list[Any]) -> bytes:
+    """``{DATA: values}``; values may hold :class:`Raw` pieces of msgpack."""
+    return b"\x81\x30" + pack_array(values)
+
+
+def error_body(error: BoxError) -> bytes:
+    entry: dict[int, Any] = {
+        ERROR_TYPE: error.error_type,
+        ERROR_FILE: "box",
+        ERROR_LINE: 0,
+        ERROR_MESSAGE: error.message,
+        ERROR_ERRNO: 0,
+        ERROR_CODE: error.code,
+    }
+    if error.fields:
+        entry[ERROR_FIELDS] = error.fields
+    return pack({ERROR_24: error.message, ERROR: {ERROR_STACK: [entry]}})
+
+
+def error_response(sync: int, schema_version: int, error: BoxError) -> bytes:
+    return response(sync, schema_version, error_body(error), ERROR_FLAG | error.code)
+
+
+def id_body(version: int, features: list[int], auth_type: str = "chap-sha1") -> bytes:
+    return pack({VERSION: version, FEATURES: features, AUTH_TYPE: auth_type})
+
+
+__all__ = [
+    "BadRequest",
+    "FramingError",
+    "Raw",
+    "Request",
+    "RequestDecoder",
+    "data_body",
+    "data_body_from_tuples",
+    "decode_packet",
+    "error_body",
+    "error_response",
+    "id_body",
+    "response",
+]

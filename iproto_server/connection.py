@@ -1,0 +1,162 @@
+"""One client connection: read requests, answer them by sync as they finish.
+
+The receive loop decodes requests and answers the quick ones inline; requests that wait (writes,
+calls) run as tasks in the connection's nursery, at most ``max_inflight`` at a time — when all
+slots are busy the loop stops reading, which pushes back on the client instead of growing memory.
+Responses are queued and written by one sender task, so pipelined answers go out in few writes.
+
+When the client goes away, its pending requests are cancelled (writes already queued still commit)
+and the session's disconnect callbacks run. On server shutdown the connection stops reading, lets
+the requests in flight finish within the grace period, flushes and closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import trio
+
+from iproto_server import codec
+from iproto_server.dispatch import Dispatcher
+from iproto_server.session import Session
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 256 * 1024
+OUTPUT_HIGH_WATER = 8 * 1024 * 1024
+
+
+class Connection:
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        dispatcher: Dispatcher,
+        session: Session,
+        greeting: bytes,
+        max_packet: int,
+        max_inflight: int,
+    ) -> None:
+        self.stream = stream
+        self.dispatcher = dispatcher
+        self.session = session
+        self.greeting = greeting
+        self.decoder = codec.RequestDecoder(max_packet)
+        self.slots = trio.Semaphore(max_inflight)
+        self.max_inflight = max_inflight
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._output_ready = trio.Event()
+        self._drained = trio.Event()
+        self._reading = trio.CancelScope()
+        self._closing_after_flush = False
+
+    @property
+    def inflight(self) -> int:
+        return self.max_inflight - self.slots.value
+
+    def stop_reading(self) -> None:
+        """Server shutdown: accept no more requests on this connection."""
+        self._reading.cancel()
+
+    async def serve(self, grace: float = 5.0) -> None:
+        try:
+            await self.stream.send_all(self.greeting)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        client_left = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_loop, nursery.cancel_scope)
+                with self._reading:
+                    client_left = await self._receive_loop(nursery)
+                if client_left:
+                    nursery.cancel_scope.cancel()
+                else:
+                    # Shutting down or closing after a framing error: finish what is in flight.
+                    with trio.move_on_after(grace):
+                        while self.inflight:
+                            await trio.sleep(0.005)
+                        await self._flush()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.session.close()
+                await self.stream.aclose()
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def _receive_loop(self, nursery: trio.Nursery) -> bool:
+        """Returns True when the client closed the connection."""
+        stream = self.stream
+        decoder = self.decoder
+        dispatcher = self.dispatcher
+        session = self.session
+        while True:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return True
+            if not data:
+                return True
+            decoder.feed(data)
+            while True:
+                try:
+                    event = decoder.next_event()
+                except codec.FramingError as exc:
+                    self._emit(dispatcher.error(0, exc.error))
+                    return False
+                if event is None:
+                    break
+                if type(event) is codec.BadRequest:
+                    self._emit(dispatcher.error(event.sync, event.error))
+                    continue
+                result = dispatcher.handle(session, event)
+                if type(result) is bytes:
+                    self._emit(result)
+                    continue
+                try:
+                    await self.slots.acquire()
+                except BaseException:
+                    result.close()
+                    raise
+                nursery.start_soon(self._run, result)
+            if self._out_bytes > OUTPUT_HIGH_WATER:
+                await self._flush()
+
+    async def _run(self, pending: Coroutine[Any, Any, bytes]) -> None:
+        try:
+            self._emit(await pending)
+        finally:
+            self.slots.release()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _emit(self, packet: bytes) -> None:
+        self._out.append(packet)
+        self._out_bytes += len(packet)
+        self._output_ready.set()
+
+    async def _flush(self) -> None:
+        while self._out_bytes:
+            self._drained = trio.Event()
+            await self._drained.wait()
+
+    async def _send_loop(self, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                if not self._out:
+                    self._output_ready = trio.Event()
+                    self._drained.set()
+                    await self._output_ready.wait()
+                data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+                self._out.clear()
+                await self.stream.send_all(data)
+                self._out_bytes -= len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            # The client is gone: nothing more can be answered.
+            self._out.clear()
+            self._out_bytes = 0
+            self._drained.set()
+            scope.cancel()

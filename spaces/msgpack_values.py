@@ -1,0 +1,254 @@
+"""Msgpack values as this server sees them, and their round trip to bytes.
+
+Tuples are stored as the exact bytes a client sent; decoded values are only used to check types,
+build index keys and apply updates. The decoding keeps every distinction a client can observe:
+
+* str stays ``str`` even when it is not valid UTF-8 (decoded with ``surrogateescape`` and encoded
+  back the same way), bin stays ``bytes``;
+* Tarantool's extension types become :class:`decimal.Decimal` (1), :class:`uuid.UUID` (2) and
+  :class:`Datetime` (4); any other extension stays a :class:`msgpack.ExtType`;
+* a map whose keys Python cannot hash (arrays, maps) becomes a :class:`PairsMap`.
+"""
+
+from __future__ import annotations
+
+import decimal
+import struct
+import uuid
+from typing import Any
+
+import msgpack
+
+EXT_DECIMAL = 1
+EXT_UUID = 2
+EXT_ERROR = 3
+EXT_DATETIME = 4
+EXT_INTERVAL = 6
+
+_DECIMAL_CONTEXT = decimal.Context(prec=100, Emax=999999, Emin=-999999)
+
+
+class PairsMap(list):
+    """A msgpack map whose keys cannot be dict keys; a list of ``(key, value)`` pairs."""
+
+    __slots__ = ()
+
+
+class Datetime:
+    """Tarantool's datetime extension: seconds, nanoseconds, tz offset (minutes) and tz index."""
+
+    __slots__ = ("seconds", "nsec", "tzoffset", "tzindex")
+
+    def __init__(self, seconds: int, nsec: int = 0, tzoffset: int = 0, tzindex: int = 0) -> None:
+        self.seconds = seconds
+        self.nsec = nsec
+        self.tzoffset = tzoffset
+        self.tzindex = tzindex
+
+    def sort_key(self) -> tuple[int, int]:
+        """Datetimes compare by the instant, whatever the time zone they are shown in."""
+        return (self.seconds, self.nsec)
+
+    def to_ext(self) -> msgpack.ExtType:
+        payload = struct.pack("<q", self.seconds)
+        if self.nsec or self.tzoffset or self.tzindex:
+            payload += struct.pack("<ihh", self.nsec, self.tzoffset, self.tzindex)
+        return msgpack.ExtType(EXT_DATETIME, payload)
+
+    @classmethod
+    def from_payload(cls, data: bytes) -> Datetime:
+        if len(data) == 8:
+            return cls(struct.unpack("<q", data)[0])
+        if len(data) == 16:
+            seconds, nsec, tzoffset, tzindex = struct.unpack("<qihh", data)
+            return cls(seconds, nsec, tzoffset, tzindex)
+        raise ValueError("datetime payload must be 8 or 16 bytes")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Datetime) and self.sort_key() == other.sort_key()
+
+    def __hash__(self) -> int:
+        return hash(self.sort_key())
+
+    def __repr__(self) -> str:
+        return f"Datetime({self.seconds}, {self.nsec}, {self.tzoffset}, {self.tzindex})"
+
+
+def decimal_from_payload(data: bytes) -> decimal.Decimal:
+    """Decode MP_EXT 1: a msgpack int scale, then packed BCD digits with a trailing sign nibble."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(data)
+    scale = unpacker.unpack()
+    if type(scale) is not int:
+        raise ValueError("decimal scale must be an integer")
+    bcd = data[unpacker.tell():]
+    if not bcd:
+        raise ValueError("decimal without digits")
+    nibbles = []
+    for byte in bcd:
+        nibbles.append(byte >> 4)
+        nibbles.append(byte & 0x0F)
+    sign_nibble = nibbles.pop()
+    if sign_nibble in (0x0B, 0x0D):
+        sign = 1
+    elif sign_nibble in (0x0A, 0x0C, 0x0E, 0x0F):
+        sign = 0
+    else:
+        raise ValueError("bad decimal sign nibble")
+    if any(n > 9 for n in nibbles):
+        raise ValueError("bad decimal digit")
+    digits = tuple(nibbles) or (0,)
+    return decimal.Decimal((sign, digits, -scale))
+
+
+def decimal_to_ext(value: decimal.Decimal) -> msgpack.ExtType:
+    """Encode MP_EXT 1 the way Tarantool does (scale, BCD, sign nibble 0x0c / 0x0d)."""
+    if not value.is_finite():
+        raise ValueError("Tarantool decimals are finite")
+    sign, digits, exponent = value.as_tuple()
+    if exponent > 0:
+        digits = tuple(digits) + (0,) * exponent
+        exponent = 0
+    while len(digits) > 1 and digits[0] == 0:
+        digits = digits[1:]
+    nibbles = list(digits) + [0x0D if sign else 0x0C]
+    if len(nibbles) % 2:
+        nibbles.insert(0, 0)
+    bcd = bytes((nibbles[i] << 4) | nibbles[i + 1] for i in range(0, len(nibbles), 2))
+    return msgpack.ExtType(EXT_DECIMAL, msgpack.packb(-exponent) + bcd)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    try:
+        if code == EXT_DECIMAL:
+            return decimal_from_payload(data)
+        if code == EXT_UUID:
+            if len(data) != 16:
+                raise ValueError("uuid payload must be 16 bytes")
+            return uuid.UUID(bytes=data)
+        if code == EXT_DATETIME:
+            return Datetime.from_payload(data)
+    except (ValueError, msgpack.UnpackException, decimal.InvalidOperation):
+        # A malformed payload is kept as an opaque extension, like one we do not know.
+        pass
+    return msgpack.ExtType(code, data)
+
+
+def _pairs_hook(pairs: list[tuple[Any, Any]]) -> Any:
+    try:
+        return dict(pairs)
+    except TypeError:
+        return PairsMap(pairs)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, decimal.Decimal):
+        return decimal_to_ext(value)
+    if isinstance(value, uuid.UUID):
+        return msgpack.ExtType(EXT_UUID, value.bytes)
+    if isinstance(value, Datetime):
+        return value.to_ext()
+    raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
+
+
+_UNPACK_ARGS: dict[str, Any] = dict(
+    raw=False,
+    unicode_errors="surrogateescape",
+    strict_map_key=False,
+    ext_hook=_ext_hook,
+)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one msgpack value (raises ``ValueError`` subclasses on malformed input)."""
+    try:
+        return msgpack.unpackb(data, **_UNPACK_ARGS)
+    except TypeError:
+        # A map had an unhashable key; decode again keeping such maps as pairs.
+        return msgpack.unpackb(data, object_pairs_hook=_pairs_hook, **_UNPACK_ARGS)
+
+
+def make_unpacker(max_buffer_size: int = 0) -> msgpack.Unpacker:
+    """A streaming decoder with the same conventions as :func:`unpack` (maps as pairs if needed)."""
+    return msgpack.Unpacker(
+        object_pairs_hook=_pairs_hook, max_buffer_size=max_buffer_size, **_UNPACK_ARGS
+    )
+
+
+_packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape", default=_default)
+
+
+def pack(value: Any) -> bytes:
+    """Encode one value; the inverse of :func:`unpack` for everything it produces."""
+    if isinstance(value, PairsMap) or _contains_pairs_map(value):
+        return _pack_with_pairs(value)
+    return _packer.pack(value)
+
+
+def _contains_pairs_map(value: Any) -> bool:
+    if isinstance(value, PairsMap):
+        return True
+    if isinstance(value, list | tuple):
+        return any(isinstance(v, list | tuple | dict) and _contains_pairs_map(v) for v in value)
+    if isinstance(value, dict):
+        return any(
+            isinstance(v, list | tuple | dict) and _contains_pairs_map(v) for v in value.values()
+        )
+    return False
+
+
+def _pack_with_pairs(value: Any) -> bytes:
+    if isinstance(value, PairsMap):
+        out = [_map_header(len(value))]
+        for k, v in value:
+            out.append(pack(k))
+            out.append(pack(v))
+        return b"".join(out)
+    if isinstance(value, list | tuple):
+        return _array_header(len(value)) + b"".join(pack(v) for v in value)
+    if isinstance(value, dict):
+        out = [_map_header(len(value))]
+        for k, v in value.items():
+            out.append(pack(k))
+            out.append(pack(v))
+        return b"".join(out)
+    return _packer.pack(value)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 0x10000:
+        return b"\xdc" + struct.pack(">H", n)
+    return b"\xdd" + struct.pack(">I", n)
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 0x10000:
+        return b"\xde" + struct.pack(">H", n)
+    return b"\xdf" + struct.pack(">I", n)
+
+
+array_header = _array_header
+map_header = _map_header
+
+
+class Raw(bytes):
+    """A value that is already msgpack (a stored tuple): embedded in replies as is."""
+
+    __slots__ = ()
+
+
+def pack_array(values: list[Any] | tuple[Any, ...]) -> bytes:
+    """Encode a list whose items may be (or contain) :class:`Raw` pieces."""
+    return _array_header(len(values)) + b"".join(_pack_item(v) for v in values)
+
+
+def _pack_item(value: Any) -> bytes:
+    if isinstance(value, Raw):
+        return bytes(value)
+    if isinstance(value, list | tuple) and any(isinstance(v, Raw | list | tuple) for v in value):
+        return pack_array(value)
+    return pack(value)

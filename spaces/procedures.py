@@ -1,0 +1,79 @@
+"""The procedure registry: what CALL and CALL_16 can run, by name.
+
+Upper layers register Python callables under Lua-style names (``box.queue.put``,
+``queue.put``); the iproto dispatcher looks names up here. A procedure receives a
+:class:`CallContext` and the call's arguments and returns the list of its return values (a Lua
+function's multiple returns), synchronously or as a coroutine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spaces.access import User
+
+Procedure = Callable[..., "list[Any] | Awaitable[list[Any]]"]
+
+
+@dataclass
+class CallContext:
+    """Who is calling: the transport-neutral identity a procedure may bind state to."""
+
+    session_id: int
+    user: User
+    read_only: bool = False
+    # Register a callback to run when the caller's session ends (its connection closes).
+    on_disconnect: Callable[[Callable[[], Any]], None] = lambda _cb: None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcedureEntry:
+    name: str
+    fn: Procedure
+    is_async: bool
+    writes: bool
+    id: int
+
+
+class Procedures:
+    """Name -> procedure; names also appear in ``_func``/``_vfunc`` through the catalogue."""
+
+    def __init__(self, function_ids: dict[str, int] | None = None) -> None:
+        self._entries: dict[str, ProcedureEntry] = {}
+        self._resolvers: list[Callable[[str], ProcedureEntry | None]] = []
+        self._function_ids = function_ids if function_ids is not None else {}
+
+    def register(self, name: str, fn: Procedure, *, writes: bool = False) -> None:
+        """Make ``fn`` callable as ``name``. ``writes`` procedures fail on read-only ports."""
+        fid = self._function_ids.get(name) or (max(self._function_ids.values(), default=0) + 1)
+        self._function_ids[name] = fid
+        self._entries[name] = ProcedureEntry(name, fn, inspect.iscoroutinefunction(fn), writes, fid)
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+        self._function_ids.pop(name, None)
+
+    def add_resolver(self, resolver: Callable[[str], ProcedureEntry | None]) -> None:
+        """A fallback for names not registered one by one (``box.space.<name>:select``)."""
+        self._resolvers.append(resolver)
+
+    def resolve(self, name: str) -> ProcedureEntry | None:
+        entry = self._entries.get(name)
+        if entry is not None:
+            return entry
+        for resolver in self._resolvers:
+            entry = resolver(name)
+            if entry is not None:
+                return entry
+        return None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+
+def make_entry(name: str, fn: Procedure, *, writes: bool = False) -> ProcedureEntry:
+    return ProcedureEntry(name, fn, inspect.iscoroutinefunction(fn), writes, 0)

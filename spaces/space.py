@@ -1,0 +1,470 @@
+"""A data space: its tuples in LMDB, one named database per index.
+
+Layout of the databases (keys encoded by :mod:`storage.keys`, cut by ``stored_form``):
+
+* primary index: ``pk`` -> the tuple's msgpack bytes, exactly as the client sent them;
+* unique secondary index: ``key`` -> the primary entry's key;
+* non-unique secondary index (and a unique one whose key holds a null, since nulls never clash):
+  ``key + pk`` -> the primary entry's key. Equal keys are thus ordered by primary key, as in
+  Tarantool.
+
+Reads run on the event loop against the shared read transaction. Writes are prepared here (checks
+that need no data) and return a function of the write transaction for the group committer; that
+function checks what needs data (duplicates), then writes, so a rejected write writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lmdb
+
+from errcodes import ER, BoxError
+from spaces import fieldtypes
+from spaces import iterators as it
+from spaces.definitions import IndexDef, SpaceDef
+from spaces.msgpack_values import pack, unpack
+from spaces.update import UpdateOp, apply_ops
+from storage import keys
+from storage.commit import GroupCommitter
+from storage.environment import Storage
+
+log = logging.getLogger(__name__)
+
+INSERT = "insert"
+REPLACE = "replace"
+
+WriteFn = Callable[[lmdb.Transaction], Any]
+
+
+def decode_tuple(raw: bytes) -> list[Any]:
+    fields = unpack(raw)
+    if type(fields) is not list:
+        raise BoxError(ER.TUPLE_NOT_ARRAY)
+    return fields
+
+
+def _both(raw: bytes | None, fields: list[Any] | None) -> tuple[bytes, list[Any]]:
+    """A tuple as bytes and as values, computing whichever is missing."""
+    if raw is None:
+        if type(fields) is not list:
+            raise BoxError(ER.TUPLE_NOT_ARRAY)
+        return pack(fields), fields
+    return raw, decode_tuple(raw) if fields is None else fields
+
+
+class Index:
+    """One index of a space: key extraction, key checks and scans."""
+
+    def __init__(self, defn: IndexDef, space: Space) -> None:
+        self.defn = defn
+        self.space = space
+        self.iid = defn.iid
+        self.name = defn.name
+        self.is_hash = defn.type == "HASH"
+        self.unique = defn.unique
+        self.parts = defn.parts
+        self.fieldnos = tuple(p.field for p in defn.parts)
+        self.part_count = len(defn.parts)
+        self.has_nullable = any(p.is_nullable for p in defn.parts)
+        self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
+        self.db: Any = None
+
+    @property
+    def type_name(self) -> str:
+        return self.defn.type
+
+    def key_of(self, fields: list[Any]) -> list[Any]:
+        n = len(fields)
+        return [fields[f] if f < n else None for f in self.fieldnos]
+
+    def entry_key(self, fields: list[Any], pk_encoded: bytes) -> tuple[bytes, bool]:
+        """The full (uncut) key of this tuple's entry, and whether it is a unique-form entry."""
+        key = self.key_of(fields)
+        encoded = keys.encode(key)
+        if self.iid == 0:
+            return encoded, True
+        if self.unique and not (self.has_nullable and None in key):
+            return encoded, True
+        return encoded + pk_encoded, False
+
+    def check_key(self, key: list[Any], exact: bool) -> None:
+        """Tarantool's key checks: part count (31, or 41/19 for exact matches), part types (18)."""
+        if exact:
+            if not self.unique:
+                raise BoxError(ER.MORE_THAN_ONE_TUPLE)
+            if len(key) != self.part_count:
+                raise BoxError(ER.EXACT_MATCH, self.part_count, len(key))
+        elif len(key) > self.part_count:
+            raise BoxError(ER.KEY_PART_COUNT, self.part_count, len(key))
+        for i, value in enumerate(key):
+            if value is None and self.parts[i].is_nullable:
+                continue
+            if not self._accepts[i](value):
+                raise BoxError(ER.KEY_PART_TYPE, i, self.parts[i].type)
+
+    def check_iterator(self, iterator: int, key: list[Any]) -> None:
+        if type(iterator) is not int or iterator < 0 or iterator > it.NEIGHBOR:
+            raise BoxError(ER.ILLEGAL_PARAMS, "Invalid iterator type")
+        allowed = it.HASH_ITERATORS if self.is_hash else it.TREE_ITERATORS
+        if iterator not in allowed:
+            raise BoxError(
+                ER.UNSUPPORTED_INDEX_FEATURE,
+                self.name,
+                self.defn.type,
+                self.space.name,
+                self.space.defn.engine,
+                "requested iterator type",
+            )
+        if self.is_hash and iterator != it.ALL:
+            if (iterator == it.EQ or key) and len(key) != self.part_count:
+                raise BoxError(ER.PARTIAL_KEY, "HASH", self.part_count, len(key))
+
+
+class Space:
+    """Tuples of one user space, with their indexes."""
+
+    def __init__(
+        self,
+        defn: SpaceDef,
+        index_defs: list[IndexDef],
+        storage: Storage,
+        committer: GroupCommitter | None = None,
+    ) -> None:
+        self.storage = storage
+        self.committer = committer
+        self.indexes: dict[int, Index] = {}
+        self.index_by_name: dict[str, Index] = {}
+        self.dropped = False
+        self.redefine(defn, index_defs)
+
+    # -- definition -------------------------------------------------------------------------
+
+    def redefine(self, defn: SpaceDef, index_defs: list[IndexDef], txn: lmdb.Transaction | None = None) -> None:
+        old = self.indexes
+        self.defn = defn
+        self.id = defn.id
+        self.name = defn.name
+        self.field_names = {f.name: i for i, f in enumerate(defn.format)}
+        self.indexes = {}
+        self.index_by_name = {}
+        for idef in sorted(index_defs, key=lambda d: d.iid):
+            index = Index(idef, self)
+            previous = old.get(idef.iid)
+            if previous is not None and previous.defn.db_name == idef.db_name:
+                index.db = previous.db
+            else:
+                index.db = self.storage.db(idef.db_name.encode(), txn=txn)
+            self.indexes[idef.iid] = index
+            self.index_by_name[idef.name] = index
+        self.primary = self.indexes.get(0)
+        self.secondaries = [i for iid, i in self.indexes.items() if iid != 0]
+        self._checks = self._compile_checks()
+
+    def _compile_checks(self) -> list[tuple[int, Callable[[Any], bool], str, bool]]:
+        types: dict[int, tuple[str, bool]] = {}
+        for i, f in enumerate(self.defn.format):
+            types[i] = (f.type, f.is_nullable)
+        for index in self.indexes.values():
+            for part in index.parts:
+                declared = types.get(part.field)
+                if declared is None or declared[0] in (fieldtypes.ANY, fieldtypes.SCALAR):
+                    nullable = part.is_nullable if declared is None else declared[1] or part.is_nullable
+                    types[part.field] = (part.type, nullable)
+        return [
+            (no, fieldtypes.ACCEPTS[t], t, nullable)
+            for no, (t, nullable) in sorted(types.items())
+            if not (t == fieldtypes.ANY and nullable)
+        ]
+
+    def index(self, iid: int) -> Index:
+        index = self.indexes.get(iid)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
+        return index
+
+    def index_named(self, name: str) -> Index:
+        index = self.index_by_name.get(name)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_NAME, name, self.name)
+        return index
+
+    def _primary(self) -> Index:
+        if self.primary is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, 0, self.name)
+        return self.primary
+
+    def check_tuple(self, fields: list[Any]) -> None:
+        """The space format and index part types (23 wrong type, 39 missing, 38 field count)."""
+        count = self.defn.field_count
+        if count and len(fields) != count:
+            raise BoxError(ER.EXACT_FIELD_COUNT, len(fields), count)
+        n = len(fields)
+        for fieldno, accepts, tname, nullable in self._checks:
+            if fieldno >= n:
+                if nullable:
+                    continue
+                raise BoxError(ER.FIELD_MISSING, fieldno + 1)
+            value = fields[fieldno]
+            if value is None and nullable:
+                continue
+            if not accepts(value):
+                raise BoxError(ER.FIELD_TYPE, fieldno + 1, tname)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def select(
+        self,
+        iid: int,
+        iterator: int,
+        key: list[Any],
+        offset: int = 0,
+        limit: int = 0xFFFFFFFF,
+        txn: lmdb.Transaction | None = None,
+    ) -> list[bytes]:
+        """Tuples (msgpack bytes) in index order."""
+        index = self.index(iid)
+        index.check_iterator(iterator, key)
+        index.check_key(key, exact=False)
+        if limit <= 0:
+            return []
+        txn = txn or self.storage.reader()
+        if iterator == it.EQ and index.unique and len(key) == index.part_count and None not in key:
+            found = self._get(index, key, txn)
+            return [found] if found is not None and offset == 0 else []
+        out: list[bytes] = []
+        for raw in self._iterate(index, iterator, key, txn):
+            if offset:
+                offset -= 1
+                continue
+            out.append(raw)
+            if len(out) >= limit:
+                break
+        return out
+
+    def get(self, iid: int, key: list[Any], txn: lmdb.Transaction | None = None) -> bytes | None:
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        return self._get(index, key, txn or self.storage.reader())
+
+    def pairs(self, iid: int, iterator: int, key: list[Any], txn: lmdb.Transaction | None = None) -> Iterator[bytes]:
+        """A lazy scan; the transaction must stay valid while it is consumed."""
+        index = self.index(iid)
+        index.check_iterator(iterator, key)
+        index.check_key(key, exact=False)
+        return self._iterate(index, iterator, key, txn or self.storage.reader())
+
+    def count(self, iid: int = 0, iterator: int = it.ALL, key: list[Any] | None = None) -> int:
+        key = key or []
+        if not key and iterator in (it.ALL, it.EQ, it.GE, it.LE, it.REQ):
+            return self.len()
+        return sum(1 for _ in self.pairs(iid, iterator, key))
+
+    def len(self, txn: lmdb.Transaction | None = None) -> int:
+        primary = self._primary()
+        txn = txn or self.storage.reader()
+        return txn.stat(primary.db)["entries"]
+
+    def _get(self, index: Index, key: list[Any], txn: lmdb.Transaction) -> bytes | None:
+        found = txn.get(keys.stored_form(keys.encode(key)), db=index.db)
+        if found is None or index.iid == 0:
+            return found
+        return txn.get(found, db=self._primary().db)
+
+    def _iterate(self, index: Index, iterator: int, key: list[Any], txn: lmdb.Transaction) -> Iterator[bytes]:
+        if index.is_hash and iterator == it.ALL:
+            key = []
+        primary_db = self._primary().db
+        prefix = keys.encode(key)
+        with txn.cursor(db=index.db) as cursor:
+            for _k, value in it.scan(cursor, iterator, prefix, self._true_key(index, txn)):
+                yield value if index.iid == 0 else txn.get(value, db=primary_db)
+
+    def _true_key(self, index: Index, txn: lmdb.Transaction) -> it.TrueKey:
+        primary = self._primary()
+
+        def true_key(_stored: bytes, value: bytes) -> bytes:
+            raw = value if index.iid == 0 else txn.get(value, db=primary.db)
+            fields = decode_tuple(raw)
+            pk = keys.encode(primary.key_of(fields))
+            return index.entry_key(fields, pk)[0]
+
+        return true_key
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _write(self, fn: WriteFn) -> Any:
+        if self.committer is None:
+            raise BoxError(ER.READONLY)
+        return await self.committer.write(fn)
+
+    async def insert(self, raw: bytes | None, fields: list[Any] | None = None) -> bytes:
+        raw, fields = _both(raw, fields)
+        return await self._write(self.prepare_put(raw, fields, INSERT))
+
+    async def replace(self, raw: bytes | None, fields: list[Any] | None = None) -> bytes:
+        raw, fields = _both(raw, fields)
+        return await self._write(self.prepare_put(raw, fields, REPLACE))
+
+    async def delete(self, iid: int, key: list[Any]) -> bytes | None:
+        return await self._write(self.prepare_delete(iid, key))
+
+    async def update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> bytes | None:
+        return await self._write(self.prepare_update(iid, key, ops))
+
+    async def upsert(self, raw: bytes | None, fields: list[Any] | None, ops: list[UpdateOp]) -> None:
+        raw, fields = _both(raw, fields)
+        await self._write(self.prepare_upsert(raw, fields, ops))
+
+    async def truncate(self) -> None:
+        await self._write(self.prepare_truncate())
+
+    # -- write preparation (each returns a function of the write transaction) ----------------
+
+    def prepare_put(self, raw: bytes, fields: list[Any], mode: str) -> WriteFn:
+        """INSERT or REPLACE of a tuple already decoded from ``raw``."""
+        primary = self._primary()
+        self.check_tuple(fields)
+        pk = keys.encode(primary.key_of(fields))
+        new_entries = self._entries(fields, pk)
+
+        def write(txn: lmdb.Transaction) -> bytes:
+            self._check_alive()
+            pk_stored = new_entries[0][1]
+            old = txn.get(pk_stored, db=primary.db)
+            if old is not None and mode == INSERT:
+                raise BoxError(ER.TUPLE_FOUND, primary.name, self.name)
+            old_entries = self._entries(decode_tuple(old), pk) if old is not None else None
+            self._check_unique(txn, new_entries, pk_stored)
+            self._store(txn, raw, new_entries, old_entries)
+            return raw
+
+        return write
+
+    def prepare_delete(self, iid: int, key: list[Any]) -> WriteFn:
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        encoded = keys.encode(key)
+
+        def write(txn: lmdb.Transaction) -> bytes | None:
+            self._check_alive()
+            found = self._find(txn, index, encoded)
+            if found is None:
+                return None
+            _pk_stored, raw, fields = found
+            pk = keys.encode(self._primary().key_of(fields))
+            for idx, stored, _unique in self._entries(fields, pk):
+                txn.delete(stored, db=idx.db)
+            return raw
+
+        return write
+
+    def prepare_update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> WriteFn:
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        encoded = keys.encode(key)
+
+        def write(txn: lmdb.Transaction) -> bytes | None:
+            self._check_alive()
+            found = self._find(txn, index, encoded)
+            if found is None:
+                return None
+            pk_stored, _raw, fields = found
+            return self._apply_update(txn, pk_stored, fields, ops)
+
+        return write
+
+    def prepare_upsert(self, raw: bytes, fields: list[Any], ops: list[UpdateOp]) -> WriteFn:
+        """UPSERT: insert ``raw`` when its primary key is new, else apply ``ops``; op errors are
+        logged and skipped, as Tarantool does."""
+        primary = self._primary()
+        self.check_tuple(fields)
+        pk = keys.encode(primary.key_of(fields))
+        new_entries = self._entries(fields, pk)
+
+        def write(txn: lmdb.Transaction) -> None:
+            self._check_alive()
+            pk_stored = new_entries[0][1]
+            old = txn.get(pk_stored, db=primary.db)
+            if old is None:
+                self._check_unique(txn, new_entries, pk_stored)
+                self._store(txn, raw, new_entries, None)
+                return None
+            try:
+                self._apply_update(txn, pk_stored, decode_tuple(old), ops)
+            except BoxError as exc:
+                log.info("upsert into space '%s' skipped an update: %s", self.name, exc.message)
+            return None
+
+        return write
+
+    def prepare_truncate(self) -> WriteFn:
+        def write(txn: lmdb.Transaction) -> None:
+            for index in self.indexes.values():
+                txn.drop(index.db, delete=False)
+
+        return write
+
+    # -- write internals (run in the committer) ----------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.dropped:
+            raise BoxError(ER.NO_SUCH_SPACE, self.name)
+
+    def _entries(self, fields: list[Any], pk: bytes) -> list[tuple[Index, bytes, bool]]:
+        out = []
+        for index in self.indexes.values():
+            full, unique_form = index.entry_key(fields, pk)
+            out.append((index, keys.stored_form(full), unique_form))
+        return out
+
+    def _find(self, txn: lmdb.Transaction, index: Index, encoded: bytes) -> tuple[bytes, bytes, list[Any]] | None:
+        stored = keys.stored_form(encoded)
+        primary_db = self._primary().db
+        if index.iid == 0:
+            raw = txn.get(stored, db=primary_db)
+            pk_stored = stored
+        else:
+            pk_stored = txn.get(stored, db=index.db)
+            raw = txn.get(pk_stored, db=primary_db) if pk_stored is not None else None
+        if raw is None:
+            return None
+        return pk_stored, raw, decode_tuple(raw)
+
+    def _apply_update(self, txn: lmdb.Transaction, pk_stored: bytes, fields: list[Any], ops: list[UpdateOp]) -> bytes:
+        primary = self._primary()
+        new_fields = apply_ops(fields, ops, self.field_names)
+        pk = keys.encode(primary.key_of(fields))
+        if keys.encode(primary.key_of(new_fields)) != pk:
+            raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+        self.check_tuple(new_fields)
+        raw = pack(new_fields)
+        new_entries = self._entries(new_fields, pk)
+        self._check_unique(txn, new_entries, pk_stored)
+        self._store(txn, raw, new_entries, self._entries(fields, pk))
+        return raw
+
+    def _check_unique(self, txn: lmdb.Transaction, entries: list[tuple[Index, bytes, bool]], pk_stored: bytes) -> None:
+        for index, stored, unique_form in entries[1:]:
+            if unique_form:
+                holder = txn.get(stored, db=index.db)
+                if holder is not None and holder != pk_stored:
+                    raise BoxError(ER.TUPLE_FOUND, index.name, self.name)
+
+    def _store(
+        self,
+        txn: lmdb.Transaction,
+        raw: bytes,
+        new_entries: list[tuple[Index, bytes, bool]],
+        old_entries: list[tuple[Index, bytes, bool]] | None,
+    ) -> None:
+        pk_stored = new_entries[0][1]
+        txn.put(pk_stored, raw, db=new_entries[0][0].db)
+        if old_entries is not None:
+            for (index, old_key, _), (_, new_key, _) in zip(old_entries[1:], new_entries[1:], strict=True):
+                if old_key != new_key:
+                    txn.delete(old_key, db=index.db)
+        for index, stored, _ in new_entries[1:]:
+            txn.put(stored, pk_stored, db=index.db)

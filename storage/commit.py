@@ -1,0 +1,184 @@
+"""Group commit: many concurrent writes, one LMDB transaction, one flush.
+
+A write is a function of the write transaction. :meth:`GroupCommitter.write` queues it and waits;
+the committer task takes everything queued, runs it in one transaction and commits. In ``fsync``
+mode that happens in a worker thread (the flush blocks) while the event loop keeps serving reads
+and queueing the next batch, so the batch grows with the load and one flush covers many writes.
+A reply is sent only once the commit holding its write has returned.
+
+A write either completes or raises one of the ``rejections`` given to the committer, in which case
+it must have written nothing (it validates before it writes). Any other exception means a write
+may be half done, so the whole batch is rolled back and each write is run again in a transaction
+of its own: the faulty one fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+import trio
+
+from storage.environment import Storage, StorageError
+
+log = logging.getLogger(__name__)
+
+WriteFn = Callable[[lmdb.Transaction], Any]
+
+
+class _Write:
+    __slots__ = ("fn", "after_commit", "exclusive", "result", "error", "done")
+
+    def __init__(self, fn: WriteFn, after_commit: Callable[[Any], None] | None, exclusive: bool):
+        self.fn = fn
+        self.after_commit = after_commit
+        self.exclusive = exclusive
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+
+
+class GroupCommitter:
+    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        rejections: tuple[type[BaseException], ...] = (),
+        max_batch: int = 4096,
+    ) -> None:
+        self._storage = storage
+        self._rejections = rejections
+        self._max_batch = max_batch
+        self._pending: list[_Write] = []
+        self._wakeup = trio.Event()
+        self._in_thread = storage.wal_mode == "fsync"
+        self._closed = False
+        self.batches = 0
+        self.writes = 0
+
+    async def write(
+        self,
+        fn: WriteFn,
+        *,
+        after_commit: Callable[[Any], None] | None = None,
+        exclusive: bool = False,
+    ) -> Any:
+        """Run ``fn(txn)`` in the next batch; return its result once it is durable.
+
+        ``after_commit(result)`` runs on the event loop right after the commit, in commit order,
+        before any writer is woken. ``exclusive`` writes (schema changes) get a batch of their own.
+        Cancelling the caller does not withdraw a queued write.
+        """
+        if self._closed:
+            raise StorageError("storage is closed")
+        item = _Write(fn, after_commit, exclusive)
+        self._pending.append(item)
+        self._wakeup.set()
+        with trio.CancelScope(shield=True):
+            await item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                if not self._pending:
+                    self._wakeup = trio.Event()
+                    await self._wakeup.wait()
+                batch = self._next_batch()
+                with trio.CancelScope(shield=True):
+                    await self._commit(batch)
+        finally:
+            self._closed = True
+            with trio.CancelScope(shield=True):
+                while self._pending:
+                    await self._commit(self._next_batch())
+
+    def _next_batch(self) -> list[_Write]:
+        pending = self._pending
+        if pending[0].exclusive:
+            batch, rest = pending[:1], pending[1:]
+        else:
+            end = 0
+            limit = min(len(pending), self._max_batch)
+            while end < limit and not pending[end].exclusive:
+                end += 1
+            batch, rest = pending[:end], pending[end:]
+        self._pending = rest
+        return batch
+
+    async def _commit(self, batch: list[_Write]) -> None:
+        try:
+            if self._in_thread:
+                await trio.to_thread.run_sync(self._run_batch, batch)
+            else:
+                self._run_batch(batch)
+        except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
+            for item in batch:
+                if item.error is None:
+                    item.error = _as_storage_error(exc)
+        self._storage.committed()
+        self.batches += 1
+        self.writes += len(batch)
+        for item in batch:
+            if item.error is None and item.after_commit is not None:
+                try:
+                    item.after_commit(item.result)
+                except Exception:
+                    log.exception("after-commit hook failed")
+        for item in batch:
+            item.done.set()
+
+    # -- runs in the worker thread in fsync mode --------------------------------------------
+
+    def _run_batch(self, batch: list[_Write]) -> None:
+        env = self._storage.env
+        txn = env.begin(write=True)
+        try:
+            for item in batch:
+                try:
+                    item.result = item.fn(txn)
+                except self._rejections as exc:
+                    item.error = exc
+        except Exception:
+            txn.abort()
+            log.exception("a write failed half-way; retrying the batch one write at a time")
+            self._run_one_by_one(batch)
+            return
+        try:
+            txn.commit()
+        except lmdb.Error as exc:
+            raise StorageError(f"commit failed: {exc}") from exc
+
+    def _run_one_by_one(self, batch: list[_Write]) -> None:
+        env = self._storage.env
+        for item in batch:
+            item.result = item.error = None
+            txn = env.begin(write=True)
+            try:
+                item.result = item.fn(txn)
+            except self._rejections as exc:
+                item.error = exc
+                txn.abort()
+                continue
+            except Exception as exc:
+                item.error = _as_storage_error(exc)
+                txn.abort()
+                continue
+            try:
+                txn.commit()
+            except lmdb.Error as exc:
+                item.error = StorageError(f"commit failed: {exc}")
+
+
+def _as_storage_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, lmdb.Error):
+        return StorageError(str(exc))
+    return exc

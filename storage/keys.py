@@ -1,0 +1,144 @@
+"""Order-preserving key encoding: ``encode(a) < encode(b)`` (as bytes) exactly when ``a < b`` in
+Tarantool's comparison order.
+
+Classes sort as nil < boolean < number < string < varbinary < uuid < datetime. Numbers of every
+kind (int, float, decimal) compare by exact mathematical value, so ``1``, ``1.0`` and
+``Decimal('1.00')`` encode the same and ``2**64 - 1`` stays above ``2**64 - 2``. A number is written
+as the largest double not above it (8 sortable bytes) followed by the exact non-negative remainder,
+which is empty for every double and every integer below 2**53.
+
+Each encoded part is self-delimiting, so the encoding of a key prefix is a byte prefix of the
+encoding of the full key: prefix scans and range seeks work on the raw bytes.
+
+LMDB limits a key to 511 bytes. A key longer than :data:`MAX_EXACT` is stored as its first
+:data:`MAX_EXACT` bytes and a SHA-1 of the whole (:func:`stored_form`); readers recognise such keys
+by their length and restore the true order of that group from the tuples.
+"""
+
+from __future__ import annotations
+
+import decimal
+import hashlib
+import math
+import struct
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+TAG_NIL = 0x05
+TAG_FALSE = 0x10
+TAG_TRUE = 0x11
+TAG_NUMBER = 0x20
+TAG_STRING = 0x30
+TAG_BINARY = 0x40
+TAG_UUID = 0x50
+TAG_DATETIME = 0x60
+
+MAX_EXACT = 448
+TRUNCATED_LEN = MAX_EXACT + 20
+
+_D = struct.Struct(">d")
+_Q = struct.Struct(">Q")
+_SIGN = 1 << 63
+_MASK = (1 << 64) - 1
+_NAN = b"\x00" * 8  # below the encoding of -inf, which is 0x000fffffffffffff
+_EXACT_CONTEXT = decimal.Context(prec=2000, Emax=999999, Emin=-999999)
+_EXACT_INT = 1 << 53
+
+
+def _sortable_double(f: float) -> bytes:
+    if f != f:
+        return _NAN
+    if f == 0.0:
+        f = 0.0  # -0.0 and 0.0 are the same number
+    bits = _Q.unpack(_D.pack(f))[0]
+    bits = (~bits & _MASK) if bits & _SIGN else (bits | _SIGN)
+    return _Q.pack(bits)
+
+
+def _remainder(rem: decimal.Decimal) -> bytes:
+    """A positive remainder: 0x01, biased adjusted exponent, digits 1..10, terminator 0."""
+    rem = rem.normalize(_EXACT_CONTEXT)
+    _sign, digits, _exp = rem.as_tuple()
+    return b"\x01" + struct.pack(">H", rem.adjusted() + 0x8000) + bytes(d + 1 for d in digits) + b"\x00"
+
+
+def _floor_double(value: int | decimal.Decimal) -> tuple[float, Any]:
+    f = float(value)
+    exact = decimal.Decimal(f) if isinstance(value, decimal.Decimal) else int(f)
+    if exact > value:
+        f = math.nextafter(f, -math.inf)
+        exact = decimal.Decimal(f) if isinstance(value, decimal.Decimal) else int(f)
+    return f, exact
+
+
+def encode_number(value: int | float | decimal.Decimal) -> bytes:
+    t = type(value)
+    if t is float:
+        return b"\x20" + _sortable_double(value) + b"\x00"
+    if t is int:
+        if -_EXACT_INT <= value <= _EXACT_INT:
+            return b"\x20" + _sortable_double(float(value)) + b"\x00"
+        f, exact = _floor_double(value)
+        rem = value - exact
+        tail = _remainder(decimal.Decimal(rem)) if rem else b"\x00"
+        return b"\x20" + _sortable_double(f) + tail
+    # decimal.Decimal
+    if not value.is_finite():
+        raise TypeError("decimal must be finite")
+    f, exact = _floor_double(value)
+    rem = _EXACT_CONTEXT.subtract(value, exact)
+    tail = _remainder(rem) if rem else b"\x00"
+    return b"\x20" + _sortable_double(f) + tail
+
+
+def _escaped(data: bytes) -> bytes:
+    return data.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+
+
+def encode_part(value: Any) -> bytes:
+    """Encode one key part; raises ``TypeError`` for values no index can hold."""
+    t = type(value)
+    if t is int or t is float:
+        return encode_number(value)
+    if t is str:
+        return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
+    if value is None:
+        return b"\x05"
+    if t is bool:
+        return b"\x11" if value else b"\x10"
+    if t is bytes:
+        return b"\x40" + _escaped(value)
+    if t is decimal.Decimal:
+        return encode_number(value)
+    if t is uuid.UUID:
+        return b"\x50" + value.bytes
+    sort_key = getattr(value, "sort_key", None)
+    if sort_key is not None:  # Tarantool datetime
+        seconds, nsec = sort_key()
+        return b"\x60" + _Q.pack((seconds + _SIGN) & _MASK) + struct.pack(">I", (nsec + (1 << 31)) & 0xFFFFFFFF)
+    raise TypeError(f"{t.__name__} cannot be part of a key")
+
+
+def encode(parts: Iterable[Any]) -> bytes:
+    """Encode a (possibly partial) key."""
+    return b"".join([encode_part(p) for p in parts])
+
+
+def stored_form(key: bytes) -> bytes:
+    """The form of ``key`` that fits an LMDB key (see the module docstring)."""
+    if len(key) <= MAX_EXACT:
+        return key
+    return key[:MAX_EXACT] + hashlib.sha1(key).digest()
+
+
+def is_truncated(stored: bytes) -> bool:
+    return len(stored) > MAX_EXACT
+
+
+def successor(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])

@@ -1,0 +1,118 @@
+"""Start the real server as a subprocess on free loopback ports, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_greeting(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> bytes:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                data = b""
+                while len(data) < 128:
+                    chunk = s.recv(128 - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+                if len(data) == 128:
+                    return data
+        except OSError as exc:
+            last_error = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"server did not answer on port {port}: {last_error}")
+
+
+@dataclass
+class ServerProcess:
+    """A configured server in a directory of its own; start/stop/kill it as often as needed."""
+
+    workdir: Path
+    extra_config: str = ""
+    wal_mode: str = "fsync"
+    read_only: bool = True
+    port: int = field(default_factory=free_port)
+    ro_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "boxqueue.toml"
+
+    def write_config(self) -> None:
+        ro = f'read_only_listen = "127.0.0.1:{self.ro_port}"\n' if self.read_only else ""
+        self.config_path.write_text(
+            'data_dir = "data"\n'
+            "[iproto]\n"
+            f'listen = "127.0.0.1:{self.port}"\n'
+            f"{ro}"
+            "[wal]\n"
+            f'mode = "{self.wal_mode}"\n'
+            f"{self.extra_config}\n"
+        )
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.config_path.exists():
+            self.write_config()
+        self.log_path = self.workdir / "server.log"
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(self.config_path)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+        try:
+            wait_for_greeting(self.port, timeout, self.proc)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()}") from None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc is None:
+            return 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -1,0 +1,758 @@
+"""The configuration loader: every key of the contract, defaults, merging, paths and errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from boxqueue.config import (
+    Address,
+    Config,
+    ConfigError,
+    DeckardConfig,
+    FieldConfig,
+    Grant,
+    IndexConfig,
+    PartConfig,
+    SonyaConfig,
+    SpaceConfig,
+    TomlLines,
+    UserConfig,
+    ZaqarConfig,
+    load_config,
+)
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+# specs/config.md's example, verbatim.
+CONTRACT_EXAMPLE = """\
+data_dir = "data"                      # LMDB environment; relative to this file's folder
+tarantool_cfg = "tarantool.cfg"        # optional: 1.5 style file; its `space = [...]` list defines
+                                       # spaces 0, 1, 2, ... (STR -> string, NUM/NUM64 -> unsigned)
+
+[iproto]
+listen = "127.0.0.1:33020"
+read_only_listen = "127.0.0.1:33021"   # optional; reads only, writes fail with ER_READONLY (7)
+admin_listen = "127.0.0.1:33022"       # admin console (Lua, YAML answers)
+max_packet_bytes = 16777216            # larger length prefixes are refused
+max_inflight_per_connection = 768      # back-pressure, like net_msg_max
+
+[wal]
+mode = "fsync"                         # fsync | write | none
+
+[guest]                                # guest's rights: full while no [[users]] exist,
+grants = [{ privileges = ["read", "write", "execute"], object_type = "universe" }]  # else only these
+
+[[users]]
+name = "alice"
+password = "secret"                    # checked with chap-sha1
+grants = [
+  { privileges = ["read", "write", "execute"], object_type = "universe" },
+  { privileges = ["read"], object_type = "space", object_name = "queue" },
+]
+
+[[space]]                              # the TOML way to declare a space (besides tarantool_cfg)
+id = 512
+name = "jobs"
+format = [{ name = "id", type = "unsigned" }, { name = "body", type = "string" }]
+indexes = [
+  { name = "primary", type = "TREE", unique = true, parts = [{ field = 0, type = "unsigned" }] },
+]
+
+[deckard]
+listen = "127.0.0.1:8081"
+default_ttl_minutes = 1440
+allow_flush = true
+
+[zaqar]
+listen = "127.0.0.1:8888"
+
+[sonya]
+listen = "127.0.0.1:8080"
+max_key_updates = 100                  # absent: keep every version
+service_token = "..."                  # set: secure mode
+jwt_ttl_s = 60                         # lifetime of tokens from generate_jwt (Sonya's default)
+longpoll_max_wait_s = 30
+task_events = ["emails"]               # work tubes whose task changes are published
+"""
+
+LEGACY_CFG = """\
+primary_port = 40000
+secondary_port = 40001
+admin_port = 40002
+space[0].enabled = 1
+space[0].index[0].type = "HASH"
+space[0].index[0].unique = 1
+space[0].index[0].key_field[0].fieldno = 0
+space[0].index[0].key_field[0].type = "NUM"
+space[1].enabled = 1
+space[1].index[0].type = "TREE"
+space[1].index[0].unique = 1
+space[1].index[0].key_field[0].fieldno = 0
+space[1].index[0].key_field[0].type = "STR"
+"""
+
+UNIVERSE_ALL = Grant(("read", "write", "execute"), "universe")
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load(folder: Path, text: str, name: str = "x.toml") -> Config:
+    return load_config(write(folder, name, text))
+
+
+def error(folder: Path, text: str, name: str = "x.toml") -> str:
+    """The message for ``text``, with the folder left out of the file name."""
+    path = write(folder, name, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{folder}/")
+    return message[len(f"{folder}/") :]
+
+
+# -- the contract ---------------------------------------------------------------------------
+
+
+def test_every_key_of_the_contract(tmp_path: Path) -> None:
+    write(tmp_path, "tarantool.cfg", LEGACY_CFG)
+    config = load(tmp_path, CONTRACT_EXAMPLE)
+    assert config.source == tmp_path / "x.toml"
+    assert config.data_dir == tmp_path / "data"
+    assert config.tarantool_cfg == tmp_path / "tarantool.cfg"
+    iproto = config.iproto
+    assert iproto.listen == Address("127.0.0.1", 33020)
+    assert iproto.read_only_listen == Address("127.0.0.1", 33021)
+    assert iproto.admin_listen == Address("127.0.0.1", 33022)
+    assert (iproto.max_packet_bytes, iproto.max_inflight_per_connection) == (16777216, 768)
+    assert config.wal.mode == "fsync"
+    assert config.guest_grants == (UNIVERSE_ALL,)
+    assert config.users == (
+        UserConfig(
+            "alice", "secret", (UNIVERSE_ALL, Grant(("read",), "space", "queue"))
+        ),
+    )
+    jobs = SpaceConfig(
+        id=512,
+        name="jobs",
+        engine="memtx",
+        format=(FieldConfig("id", "unsigned"), FieldConfig("body", "string")),
+        indexes=(IndexConfig("primary", "TREE", True, (PartConfig(0, "unsigned"),)),),
+    )
+    assert [s.name for s in config.spaces] == ["space0", "space1", "jobs"]
+    assert config.spaces[2] == jobs
+    assert config.deckard == DeckardConfig(Address("127.0.0.1", 8081), 1440, True)
+    assert config.zaqar == ZaqarConfig(Address("127.0.0.1", 8888))
+    assert config.sonya == SonyaConfig(
+        listen=Address("127.0.0.1", 8080),
+        max_key_updates=100,
+        service_token="...",
+        jwt_ttl_s=60,
+        longpoll_max_wait_s=30.0,
+        task_events=("emails",),
+    )
+
+
+def test_the_configuration_is_frozen(tmp_path: Path) -> None:
+    config = load(tmp_path, "")
+    with pytest.raises(AttributeError):
+        config.wal.mode = "none"  # type: ignore[misc]
+
+
+def test_defaults(tmp_path: Path) -> None:
+    config = load(tmp_path, "")
+    assert config.data_dir == tmp_path / "data"
+    assert config.iproto.listen == Address("127.0.0.1", 3301)
+    assert (config.iproto.read_only_listen, config.iproto.admin_listen) == (None, None)
+    assert (config.iproto.max_packet_bytes, config.iproto.max_inflight_per_connection) == (
+        16777216,
+        768,
+    )
+    assert config.wal.mode == "fsync"
+    assert config.guest_grants is None
+    assert (config.users, config.spaces, config.tarantool_cfg) == ((), (), None)
+    assert (config.deckard, config.zaqar, config.sonya) == (None, None, None)
+
+
+def test_a_facade_section_without_listen_takes_the_default_address(tmp_path: Path) -> None:
+    config = load(tmp_path, "[deckard]\n[zaqar]\n[sonya]\n")
+    assert config.deckard == DeckardConfig(Address("127.0.0.1", 8081), 1440, True)
+    assert config.zaqar == ZaqarConfig(Address("127.0.0.1", 8888))
+    assert config.sonya == SonyaConfig(Address("127.0.0.1", 8080))
+
+
+def test_facade_options(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [deckard]
+        default_ttl_minutes = 5
+        allow_flush = false
+        [sonya]
+        listen = "0.0.0.0:0"
+        longpoll_max_wait_s = 0.5
+        task_events = ["a", "b"]
+        """,
+    )
+    assert config.deckard == DeckardConfig(Address("127.0.0.1", 8081), 5, False)
+    assert config.sonya is not None
+    assert config.sonya.listen == Address("0.0.0.0", 0)
+    assert (config.sonya.longpoll_max_wait_s, config.sonya.task_events) == (0.5, ("a", "b"))
+    assert (config.sonya.max_key_updates, config.sonya.service_token) == (None, None)
+
+
+def test_the_shipped_default() -> None:
+    config = load_config(CONF / "boxqueue.toml")
+    assert config.data_dir == CONF.parent / "data"
+    assert config.iproto.listen == Address("127.0.0.1", 33020)
+    assert config.iproto.read_only_listen == Address("127.0.0.1", 33021)
+    assert config.iproto.admin_listen == Address("127.0.0.1", 33022)
+    assert config.wal.mode == "fsync"
+    assert (config.guest_grants, config.users, config.tarantool_cfg) == (None, (), None)
+    assert config.deckard == DeckardConfig(Address("127.0.0.1", 8081))
+    assert config.zaqar == ZaqarConfig(Address("127.0.0.1", 8888))
+    assert config.sonya == SonyaConfig(Address("127.0.0.1", 8080))
+    (queue,) = config.spaces
+    assert (queue.id, queue.name, queue.engine, queue.temporary) == (0, "queue", "memtx", False)
+    assert [(f.name, f.type) for f in queue.format] == [
+        ("id", "string"), ("tube", "string"), ("status", "string"), ("event", "unsigned"),
+        ("ipri", "unsigned"), ("pri", "unsigned"), ("cid", "unsigned"), ("created", "unsigned"),
+        ("ttl", "unsigned"), ("ttr", "unsigned"), ("cbury", "unsigned"), ("ctaken", "unsigned"),
+    ]
+    s, u = "string", "unsigned"
+    assert queue.indexes == (
+        IndexConfig("task_id", "TREE", True, (PartConfig(0, s),)),
+        IndexConfig(
+            "tube_status", "TREE", False,
+            (PartConfig(1, s), PartConfig(2, s), PartConfig(4, u), PartConfig(5, u)),
+        ),
+        IndexConfig("tube_event", "TREE", False, (PartConfig(1, s), PartConfig(3, u))),
+        IndexConfig(
+            "put_unique", "TREE", False,
+            (PartConfig(1, s), PartConfig(2, s), PartConfig(12, "scalar", is_nullable=True)),
+        ),
+    )
+
+
+# -- spaces ---------------------------------------------------------------------------------
+
+
+def test_space_and_index_defaults(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [[space]]
+        name = "t"
+        format = [{ name = "k", type = "unsigned" }, { name = "v", type = "str", is_nullable = true }, { name = "rest" }]
+        indexes = [{ parts = [[0, "uint"]] }, { parts = ["v"] }, { type = "hash", parts = [{ field = 0 }] }]
+        """,
+    )
+    (space,) = config.spaces
+    assert (space.id, space.engine, space.temporary) == (None, "memtx", False)
+    assert space.format == (
+        FieldConfig("k", "unsigned"), FieldConfig("v", "string", True), FieldConfig("rest", "any")
+    )
+    assert space.indexes == (
+        IndexConfig("primary", "TREE", True, (PartConfig(0, "unsigned"),)),
+        IndexConfig("i1", "TREE", True, (PartConfig(1, "string", is_nullable=True),)),
+        IndexConfig("i2", "HASH", True, (PartConfig(0, "unsigned"),)),
+    )
+
+
+def test_space_name_defaults_from_its_id(tmp_path: Path) -> None:
+    config = load(tmp_path, "[[space]]\nid = 7\nengine = 'vinyl'\ntemporary = true\n")
+    assert config.spaces == (SpaceConfig(7, "space7", "vinyl", (), (), temporary=True),)
+
+
+@pytest.mark.parametrize(
+    ("written", "canonical"),
+    [
+        ("num", "unsigned"), ("NUM", "unsigned"), ("uint", "unsigned"), ("NUM64", "unsigned"),
+        ("str", "string"), ("STR", "string"), ("int", "integer"), ("Unsigned", "unsigned"),
+        ("number", "number"), ("double", "double"), ("boolean", "boolean"),
+        ("varbinary", "varbinary"), ("scalar", "scalar"), ("uuid", "uuid"),
+        ("decimal", "decimal"), ("datetime", "datetime"),
+    ],
+)
+def test_field_type_names_are_stored_canonical(tmp_path: Path, written: str, canonical: str) -> None:
+    config = load(
+        tmp_path,
+        f"""\
+        [[space]]
+        name = "t"
+        format = [{{ name = "a", type = "{written}" }}]
+        indexes = [{{ parts = [[0, "{written}"]] }}]
+        """,
+    )
+    assert config.spaces[0].format[0].type == canonical
+    assert config.spaces[0].indexes[0].parts[0].type == canonical
+
+
+@pytest.mark.parametrize("ftype", ["any", "array", "map", "interval"])
+def test_unindexable_types_are_fine_in_a_format(tmp_path: Path, ftype: str) -> None:
+    config = load(tmp_path, f'[[space]]\nname = "t"\nformat = [{{ name = "a", type = "{ftype}" }}]\n')
+    assert config.spaces[0].format[0].type == ftype
+
+
+def test_spaces_are_ordered_by_id_then_declaration(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        '[[space]]\nname = "b"\n[[space]]\nid = 9\n[[space]]\nname = "a"\n[[space]]\nid = 3\n',
+    )
+    assert [s.name for s in config.spaces] == ["space3", "space9", "b", "a"]
+
+
+# -- tarantool_cfg and merging ----------------------------------------------------------------
+
+
+def test_a_cfg_space_is_replaced_by_a_toml_space_with_the_same_id(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", LEGACY_CFG)
+    config = load(
+        tmp_path,
+        """\
+        tarantool_cfg = "t.cfg"
+        [[space]]
+        id = 0
+        name = "queue"
+        indexes = [{ parts = [[0, "string"]] }]
+        """,
+    )
+    assert [(s.id, s.name) for s in config.spaces] == [(0, "queue"), (1, "space1")]
+    assert config.spaces[0].indexes[0].parts == (PartConfig(0, "string"),)
+    assert config.spaces[1].indexes[0].parts == (PartConfig(0, "string"),)
+
+
+def test_cfg_ports_fill_only_the_listeners_the_toml_leaves_unset(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", LEGACY_CFG)
+    config = load(tmp_path, 'tarantool_cfg = "t.cfg"\n[iproto]\nlisten = "127.0.0.1:5000"\n')
+    assert config.iproto.listen == Address("127.0.0.1", 5000)
+    assert config.iproto.read_only_listen == Address("127.0.0.1", 40001)
+    assert config.iproto.admin_listen == Address("127.0.0.1", 40002)
+    config = load(tmp_path, 'tarantool_cfg = "t.cfg"\n')
+    assert config.iproto.listen == Address("127.0.0.1", 40000)
+
+
+def test_a_cfg_without_ports_leaves_the_default_listener(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", "readahead = 1\n")
+    config = load(tmp_path, 'tarantool_cfg = "t.cfg"\n')
+    assert config.iproto.listen == Address("127.0.0.1", 3301)
+    assert config.iproto.admin_listen is None
+
+
+def test_a_toml_space_may_not_take_the_name_of_a_cfg_space(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", LEGACY_CFG)
+    text = 'tarantool_cfg = "t.cfg"\n[[space]]\nid = 600\nname = "space1"\n'
+    assert error(tmp_path, text) == (
+        'x.toml:4: space name "space1" is already space 1 of the tarantool_cfg file'
+    )
+
+
+def test_errors_in_the_cfg_name_the_cfg(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", "readahead = 1\nprimary_port = -1\n")
+    assert error(tmp_path, 'tarantool_cfg = "t.cfg"\n') == "t.cfg:2: bad port in primary_port: -1"
+
+
+def test_a_missing_cfg_names_the_toml_line(tmp_path: Path) -> None:
+    message = error(tmp_path, '\ntarantool_cfg = "nope.cfg"\n')
+    assert message == f"x.toml:2: tarantool_cfg: no such file: {tmp_path / 'nope.cfg'}"
+
+
+# -- paths ----------------------------------------------------------------------------------
+
+
+def test_relative_paths_are_relative_to_the_config_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, "conf/legacy/t.cfg", "primary_port = 1\n")
+    write(tmp_path, "conf/x.toml", 'data_dir = "../data"\ntarantool_cfg = "legacy/t.cfg"\n')
+    monkeypatch.chdir(tmp_path / "conf" / "legacy")
+    config = load_config(Path("..") / "x.toml")
+    assert config.data_dir == tmp_path / "data"
+    assert config.tarantool_cfg == tmp_path / "conf" / "legacy" / "t.cfg"
+    assert config.data_dir.is_absolute()
+
+
+def test_absolute_data_dir(tmp_path: Path) -> None:
+    config = load(tmp_path, f'data_dir = "{tmp_path / "elsewhere"}"\n')
+    assert config.data_dir == tmp_path / "elsewhere"
+
+
+def test_data_dir_override_is_relative_to_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "conf/x.toml", 'data_dir = "../data"\n')
+    monkeypatch.chdir(tmp_path / "conf")
+    assert load_config(path, data_dir_override="here").data_dir == tmp_path / "conf" / "here"
+    assert load_config(path, data_dir_override="/abs/d").data_dir == Path("/abs/d")
+
+
+# -- file kinds -----------------------------------------------------------------------------
+
+
+def test_a_cfg_file_alone(tmp_path: Path) -> None:
+    config = load(tmp_path, LEGACY_CFG, name="box.cfg")
+    assert config.iproto.listen == Address("127.0.0.1", 40000)
+    assert config.data_dir == tmp_path / "data"
+    assert [s.id for s in config.spaces] == [0, 1]
+    assert config.tarantool_cfg == tmp_path / "box.cfg"
+
+
+def test_a_file_that_is_not_toml_is_read_as_a_cfg(tmp_path: Path) -> None:
+    config = load(tmp_path, LEGACY_CFG, name="box.conf")
+    assert [s.id for s in config.spaces] == [0, 1]
+
+
+def test_a_cfg_of_plain_options_is_recognised_though_it_is_valid_toml(tmp_path: Path) -> None:
+    config = load(tmp_path, "primary_port = 40000\nslab_alloc_arena = 0.1\n", name="box.conf")
+    assert config.iproto.listen == Address("127.0.0.1", 40000)
+    # ... but a .toml file is always TOML
+    assert error(tmp_path, "primary_port = 40000\n") == "x.toml:1: unknown key 'primary_port'"
+
+
+def test_neither_toml_nor_cfg(tmp_path: Path) -> None:
+    assert error(tmp_path, "[iproto\n", name="x.conf") == (
+        "x.conf:1: cannot parse: expected ']' at the end of a table declaration (column 8)"
+    )
+    # readable as a cfg, with a cfg problem: that problem is reported
+    assert error(tmp_path, "space[0].enabled = 1\n", name="x.conf") == (
+        "x.conf:1: space[0]: missing key 'index'"
+    )
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "missing.toml")
+    assert str(info.value) == f"{tmp_path / 'missing.toml'}: no such file"
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a directory, not a file"
+
+
+def test_missing_file_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^missing\.toml: no such file$"):
+        load_config("missing.toml")
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_bytes(b'data_dir = "d"\n# \xff\n')
+    with pytest.raises(ConfigError, match=r"x\.toml:2: not UTF-8 text$"):
+        load_config(path)
+
+
+def test_toml_syntax_error_has_the_line(tmp_path: Path) -> None:
+    assert error(tmp_path, '[iproto]\nlisten = "a:1"\nmax_packet_bytes = \n') == (
+        "x.toml:3: cannot parse: invalid value (column 20)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('data_dir = "d"\n\nlisen = 1\n', "x.toml:3: unknown key 'lisen'"),
+        (
+            '# comment\n[iproto]\nlisten = "127.0.0.1:1"\n\nlisen = "x"\n',
+            "x.toml:5: unknown key 'lisen' in [iproto]",
+        ),
+        ("[wal]\nmode = 'none'\nfsync = true\n", "x.toml:3: unknown key 'fsync' in [wal]"),
+        ("[zaqar]\nport = 1\n", "x.toml:2: unknown key 'port' in [zaqar]"),
+        ("[deckard]\nttl = 1\n", "x.toml:2: unknown key 'ttl' in [deckard]"),
+        ("[sonya]\ntoken = 'x'\n", "x.toml:2: unknown key 'token' in [sonya]"),
+        ("[guest]\ngrant = []\n", "x.toml:2: unknown key 'grant' in [guest]"),
+        ("[[users]]\nname = 'a'\npasswd = 'b'\n", "x.toml:3: unknown key 'passwd' in users[0]"),
+        ("[[spaces]]\nid = 1\n", "x.toml:1: unknown key 'spaces'"),
+        ("iproto.lisen = 'x'\n", "x.toml:1: unknown key 'lisen' in [iproto]"),
+    ],
+)
+def test_unknown_keys_are_named_with_their_line(tmp_path: Path, text: str, message: str) -> None:
+    assert error(tmp_path, text) == message
+
+
+def test_unknown_keys_deep_inside_inline_tables(tmp_path: Path) -> None:
+    text = """\
+        [[space]]
+        name = "a"
+        indexes = [{ parts = [[0, "unsigned"]] }]
+
+        [[space]]
+        name = "b"
+        indexes = [
+          { parts = [[0, "unsigned"]] },
+          { name = "x", parts = [
+              [1, "string"],
+            ], uniq = false },
+        ]
+        """
+    assert error(tmp_path, text) == "x.toml:11: unknown key 'uniq' in space[1].indexes[1]"
+    text = """\
+        [[space]]
+        name = "a"
+        indexes = [{ parts = [
+          { field = 0, type = "unsigned" },
+          { field = 1, typ = "string" },
+        ] }]
+        """
+    assert error(tmp_path, text) == "x.toml:5: unknown key 'typ' in space[0].indexes[0].parts[1]"
+
+
+def test_lines_are_found_past_tricky_strings(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """\
+        data_dir = \"\"\"
+        [iproto]
+        lisen = 1
+        \"\"\"
+        [sonya]
+        "task_events" = ['c:\\x[1]', "a\\"]b", \'\'\'
+        ]'\'\'\'] # ]
+        [iproto]
+        'lisen' = "a:1"
+        """
+    )
+    assert error(tmp_path, text) == "x.toml:9: unknown key 'lisen' in [iproto]"
+    text = 'data_dir = """a\\"""b"""\n[iproto]\nlisten = "a:1"\n"lis\\u0065n" = "x:1"\n'
+    assert error(tmp_path, text) == "x.toml:4: unknown key 'lisen' in [iproto]"
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ("127.0.0.1:99999", 'bad port in iproto.listen: "127.0.0.1:99999"'),
+        ("127.0.0.1:-1", 'bad port in iproto.listen: "127.0.0.1:-1"'),
+        ("127.0.0.1:", 'bad port in iproto.listen: "127.0.0.1:"'),
+        ("127.0.0.1:http", 'bad port in iproto.listen: "127.0.0.1:http"'),
+        (
+            "127.0.0.1",
+            'bad address in iproto.listen: "127.0.0.1" (expected "host:port", IPv6 as "[::1]:3301")',
+        ),
+        (
+            "::1:3301",
+            'bad address in iproto.listen: "::1:3301" (expected "host:port", IPv6 as "[::1]:3301")',
+        ),
+        (
+            "[nope]:3301",
+            'bad address in iproto.listen: "[nope]:3301" (expected "host:port", IPv6 as "[::1]:3301")',
+        ),
+    ],
+)
+def test_bad_listen_addresses(tmp_path: Path, listen: str, message: str) -> None:
+    assert error(tmp_path, f'\n\n[iproto]\nlisten = "{listen}"\n') == f"x.toml:4: {message}"
+
+
+def test_good_listen_addresses(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [iproto]
+        listen = "[::1]:3301"
+        read_only_listen = "localhost:0"
+        admin_listen = "0.0.0.0:65535"
+        """,
+    )
+    assert config.iproto.listen == Address("::1", 3301)
+    assert str(config.iproto.listen) == "[::1]:3301"
+    assert config.iproto.read_only_listen == Address("localhost", 0)
+    assert config.iproto.admin_listen == Address("0.0.0.0", 65535)
+
+
+def test_two_listeners_on_one_address(tmp_path: Path) -> None:
+    text = '[iproto]\nlisten = "127.0.0.1:8888"\n[zaqar]\n'
+    assert error(tmp_path, text) == "x.toml: zaqar.listen and iproto.listen are both 127.0.0.1:8888"
+    text = '[iproto]\nlisten = "127.0.0.1:0"\nadmin_listen = "127.0.0.1:0"\n'
+    assert load(tmp_path, text).iproto.admin_listen == Address("127.0.0.1", 0)
+
+
+def test_bad_wal_mode(tmp_path: Path) -> None:
+    assert error(tmp_path, '[wal]\nmode = "fsnyc"\n') == (
+        'x.toml:2: bad wal.mode: "fsnyc" (expected fsync, write or none)'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("data_dir = 1\n", "x.toml:1: data_dir must be a string, not 1"),
+        ("iproto = 1\n", "x.toml:1: iproto must be a table, not 1"),
+        ("[iproto]\nmax_packet_bytes = '1M'\n", 'x.toml:2: iproto.max_packet_bytes must be an integer, not "1M"'),
+        ("[iproto]\nmax_inflight_per_connection = 0\n", "x.toml:2: iproto.max_inflight_per_connection must be at least 1, not 0"),
+        ("[iproto]\nlisten = 3301\n", 'x.toml:2: iproto.listen must be a "host:port" string, not 3301'),
+        ("[deckard]\nallow_flush = 1\n", "x.toml:2: deckard.allow_flush must be true or false, not 1"),
+        ("[deckard]\ndefault_ttl_minutes = 0\n", "x.toml:2: deckard.default_ttl_minutes must be at least 1, not 0"),
+        ("[sonya]\nlongpoll_max_wait_s = 'x'\n", 'x.toml:2: sonya.longpoll_max_wait_s must be a number, not "x"'),
+        ("[sonya]\nlongpoll_max_wait_s = -1\n", "x.toml:2: sonya.longpoll_max_wait_s must be at least 0"),
+        ("[sonya]\ntask_events = ['a', 2]\n", "x.toml:2: sonya.task_events[1] must be a string, not 2"),
+        ("[sonya]\nservice_token = ''\n", "x.toml:2: sonya.service_token is empty"),
+        ("[sonya]\nmax_key_updates = 0\n", "x.toml:2: sonya.max_key_updates must be at least 1, not 0"),
+        ("[sonya]\njwt_ttl_s = true\n", "x.toml:2: sonya.jwt_ttl_s must be an integer, not true"),
+        ("space = 1\n", "x.toml:1: space must be an array, not 1"),
+        ("space = [1]\n", "x.toml:1: space[0] must be a table, not 1"),
+    ],
+)
+def test_wrong_value_types(tmp_path: Path, text: str, message: str) -> None:
+    assert error(tmp_path, text) == message
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ("id = -1", "x.toml:3: space[0].id must be 0..2147483647, not -1"),
+        ("id = true", "x.toml:3: space[0].id must be an integer, not true"),
+        ("id = 1.5", "x.toml:3: space[0].id must be an integer, not 1.5"),
+        ("engine = 'sophia'", 'x.toml:3: bad engine "sophia" in space[0] (expected memtx or vinyl)'),
+        (
+            "format = [{ name = 'a', type = 'strng' }]",
+            'x.toml:3: unknown field type in space[0].format[0].type: "strng"',
+        ),
+        ("format = [{ type = 'string' }]", "x.toml:3: missing key 'name' in space[0].format[0]"),
+        ("format = [{ name = 'a' }, { name = 'a' }]", 'x.toml:3: duplicate field name "a"'),
+        (
+            "indexes = [{ parts = [[0, 'unsinged']] }]",
+            'x.toml:3: unknown field type in space[0].indexes[0].parts[0].type: "unsinged"',
+        ),
+        ("indexes = [{ parts = [[0, 'map']] }]", "x.toml:3: space[0].indexes[0].parts[0]: a map field cannot be indexed"),
+        ("indexes = [{ parts = [[0, 'any']] }]", "x.toml:3: space[0].indexes[0].parts[0]: a any field cannot be indexed"),
+        ("indexes = [{ type = 'BITSET', parts = [[0, 'unsigned']] }]", 'x.toml:3: unsupported index type "BITSET" in space[0].indexes[0] (expected TREE or HASH)'),
+        ("indexes = [{ unique = false, parts = [[0, 'unsigned']] }]", "x.toml:3: space[0].indexes[0]: the primary key (index 0) must be unique"),
+        ("indexes = [{ parts = [{ field = 0, type = 'unsigned', is_nullable = true }] }]", "x.toml:3: space[0].indexes[0]: the primary key (index 0) cannot have nullable parts"),
+        ("indexes = [{ parts = [[0]] }, { type = 'HASH', unique = false, parts = [[1]] }]", "x.toml:3: space[0].indexes[1]: a HASH index must be unique"),
+        ("indexes = [{ parts = [[0], [0]] }]", "x.toml:3: space[0].indexes[0]: the same field is indexed twice"),
+        ("indexes = [{ parts = [] }]", "x.toml:3: space[0].indexes[0]: an index needs at least one part"),
+        ("indexes = [{ name = 'a' }]", "x.toml:3: missing key 'parts' in space[0].indexes[0]"),
+        ("indexes = [{ parts = [[0]] }, { name = 'primary', parts = [[1]] }]", 'x.toml:3: duplicate index name "primary"'),
+        ("indexes = [{ parts = [[-1, 'unsigned']] }]", "x.toml:3: space[0].indexes[0].parts[0].field must be a field number (0-based) or name, not -1"),
+        ("indexes = [{ parts = [['nope']] }]", 'x.toml:3: no field named "nope" in the format'),
+        ("indexes = [{ parts = [[0, 'unsigned', 1]] }]", 'x.toml:3: space[0].indexes[0].parts[0]: expected [field, "type"]'),
+        ("indexes = [{ parts = [{ type = 'unsigned' }] }]", "x.toml:3: missing key 'field' in space[0].indexes[0].parts[0]"),
+        ("indexes = [{ parts = [{ field = 0, type = 'unsigned', collation = 'unicode' }] }]", "x.toml:3: space[0].indexes[0].parts[0]: only string parts have a collation"),
+        ("indexes = [{ parts = [{ field = 0, type = 'string', collation = 'klingon' }] }]", 'x.toml:3: unknown collation "klingon"'),
+        ("temporary = 'yes'", 'x.toml:3: space[0].temporary must be true or false, not "yes"'),
+    ],
+)
+def test_bad_spaces(tmp_path: Path, space: str, message: str) -> None:
+    assert error(tmp_path, f'[[space]]\nname = "t"\n{space}\n') == message
+
+
+def test_a_space_needs_a_name_or_an_id(tmp_path: Path) -> None:
+    assert error(tmp_path, "\n[[space]]\nengine = 'memtx'\n") == "x.toml:2: missing key 'name' in space[0]"
+
+
+def test_duplicate_spaces(tmp_path: Path) -> None:
+    text = "[[space]]\nid = 1\n[[space]]\nid = 1\nname = 'b'\n"
+    assert error(tmp_path, text) == "x.toml:4: duplicate space id 1"
+    text = "[[space]]\nname = 'a'\n[[space]]\nname = 'a'\n"
+    assert error(tmp_path, text) == 'x.toml:4: duplicate space name "a"'
+
+
+def test_collations(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [[space]]
+        name = "t"
+        indexes = [{ parts = [{ field = 0, type = "string", collation = "unicode_ci" }] }]
+        """,
+    )
+    assert config.spaces[0].indexes[0].parts == (PartConfig(0, "string", collation="unicode_ci"),)
+
+
+# -- users and grants -----------------------------------------------------------------------
+
+
+def test_grants(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [guest]
+        grants = [
+          { privileges = ["execute", "read", "read"], object_type = "function", object_name = "queue.put" },
+        ]
+        [[users]]
+        name = "bob"
+        password = ""
+        [[users]]
+        name = "carol"
+        password = "pw"
+        grants = [{ privileges = ["write"], object_type = "space", object_name = "jobs" }]
+        """,
+    )
+    assert config.guest_grants == (Grant(("read", "execute"), "function", "queue.put"),)
+    assert config.users == (
+        UserConfig("bob", "", ()),
+        UserConfig("carol", "pw", (Grant(("write",), "space", "jobs"),)),
+    )
+
+
+def test_an_empty_guest_section_means_no_rights(tmp_path: Path) -> None:
+    assert load(tmp_path, "[guest]\n").guest_grants == ()
+
+
+@pytest.mark.parametrize(
+    ("grant", "message"),
+    [
+        ("{ privileges = ['drop'], object_type = 'universe' }", 'unknown privilege "drop" in guest.grants[0] (expected read, write or execute)'),
+        ("{ privileges = [], object_type = 'universe' }", "guest.grants[0].privileges is empty"),
+        ("{ privileges = ['read'], object_type = 'sequence' }", 'bad object_type "sequence" in guest.grants[0] (expected universe, space or function)'),
+        ("{ privileges = ['read'], object_type = 'space' }", "guest.grants[0]: a space grant needs an object_name"),
+        ("{ privileges = ['read'], object_type = 'universe', object_name = 'x' }", "guest.grants[0]: the universe has no object_name"),
+        ("{ object_type = 'universe' }", "missing key 'privileges' in guest.grants[0]"),
+        ("{ privileges = 'read', object_type = 'universe' }", 'guest.grants[0].privileges must be an array, not "read"'),
+    ],
+)
+def test_bad_grants(tmp_path: Path, grant: str, message: str) -> None:
+    assert error(tmp_path, f"[guest]\ngrants = [\n  {grant},\n]\n") == f"x.toml:3: {message}"
+
+
+def test_bad_users(tmp_path: Path) -> None:
+    text = "[[users]]\nname = 'a'\npassword = 'x'\n[[users]]\nname = 'a'\npassword = 'y'\n"
+    assert error(tmp_path, text) == 'x.toml:5: duplicate user name "a"'
+    text = "[[users]]\nname = 'guest'\npassword = 'x'\n"
+    assert error(tmp_path, text) == "x.toml:2: guest is configured with [guest], not [[users]]"
+    text = "[[users]]\nname = 'a'\n"
+    assert error(tmp_path, text) == "x.toml:1: missing key 'password' in users[0]"
+    text = "[[users]]\nname = ''\npassword = 'x'\n"
+    assert error(tmp_path, text) == "x.toml:2: users[0].name is empty"
+
+
+# -- the line finder ------------------------------------------------------------------------
+
+
+def test_toml_lines() -> None:
+    lines = TomlLines(
+        textwrap.dedent(
+            """\
+            a = 1
+            [t]
+            b = { c = [1,
+              { d = 2 }] }
+
+            [[arr]]
+            x = 1
+            [[arr]]
+            [arr.sub]
+            y = 2
+            [[arr.items]]
+            z = 3
+            """
+        )
+    )
+    assert lines.line_of(("a",)) == 1
+    assert lines.line_of(("t",)) == 2
+    assert lines.line_of(("t", "b", "c", 1, "d")) == 4
+    assert lines.line_of(("t", "b", "c", 0)) == 3
+    assert lines.line_of(("arr", 0, "x")) == 7
+    assert lines.line_of(("arr", 1)) == 8
+    assert lines.line_of(("arr", 1, "sub", "y")) == 10
+    assert lines.line_of(("arr", 1, "items", 0, "z")) == 12
+    assert lines.line_of(("arr", 1, "nothing", "here")) == 8
+    assert lines.line_of(("nowhere",)) is None
