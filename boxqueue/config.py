@@ -24,6 +24,8 @@ from spaces import fieldtypes
 # The typed configuration
 # --------------------------------------------------------------------------------------------
 
+Key = tuple[str | int, ...]  # where a value is: ("space", 0, "indexes", 1, "parts", 0, "type")
+
 
 @dataclass(frozen=True)
 class Address:
@@ -192,7 +194,6 @@ def load_config(path: str | Path, data_dir_override: str | None = None) -> Confi
         config = _from_toml_or_cfg(source, text)
     if data_dir_override is not None:
         config = replace(config, data_dir=_absolute(Path(data_dir_override)))
-    _check_listeners(config)
     return config
 
 
@@ -221,8 +222,9 @@ def _from_toml_or_cfg(source: Path, text: str) -> Config:
         try:
             return _from_tarantool_cfg(source, text)
         except ConfigError as cfg_error:
-            # The file was readable as a 1.5 cfg, which had something else wrong: say that.
-            raise (toml_error if cfg_error.syntax else cfg_error) from None
+            # Readable as a 1.5 cfg with something else wrong: say that, unless it claims to be TOML.
+            use_cfg = not cfg_error.syntax and source.suffix != ".toml"
+            raise (cfg_error if use_cfg else toml_error) from None
     if source.suffix != ".toml" and _looks_like_tarantool_cfg(data):
         return _from_tarantool_cfg(source, text)
     return _TomlReader(str(source), text).config(source, data)
@@ -242,11 +244,16 @@ def _toml_syntax_error(file: str, err: tomllib.TOMLDecodeError) -> ConfigError:
 
 
 def _looks_like_tarantool_cfg(data: dict[str, Any]) -> bool:
-    """A file of plain ``key = value`` lines is valid TOML too; 1.5 option names give it away."""
+    """Some 1.5 files are valid TOML too; their option names and space keys give them away."""
     from boxqueue import tarantool_cfg
 
-    keys = set(data)
-    return bool(keys - {"space"}) and keys <= tarantool_cfg.OPTIONS | {"space", "namespace"}
+    if not data or not set(data) <= tarantool_cfg.OPTIONS | {"space", "namespace"}:
+        return False
+    spaces = data.get("space", [])
+    return not (
+        isinstance(spaces, list)
+        and any(isinstance(s, dict) and {"id", "name", "indexes"} & set(s) for s in spaces)
+    )
 
 
 def _from_tarantool_cfg(source: Path, text: str) -> Config:
@@ -280,27 +287,6 @@ def _absolute(path: Path) -> Path:
 def _ordered(spaces: Sequence[SpaceConfig]) -> tuple[SpaceConfig, ...]:
     with_id = sorted((s for s in spaces if s.id is not None), key=lambda s: s.id or 0)
     return tuple(with_id) + tuple(s for s in spaces if s.id is None)
-
-
-def _check_listeners(config: Config) -> None:
-    """Two listeners on one host:port cannot both bind; say so now, not at bind time."""
-    named = [
-        ("iproto.listen", config.iproto.listen),
-        ("iproto.read_only_listen", config.iproto.read_only_listen),
-        ("iproto.admin_listen", config.iproto.admin_listen),
-        ("deckard.listen", config.deckard.listen if config.deckard else None),
-        ("zaqar.listen", config.zaqar.listen if config.zaqar else None),
-        ("sonya.listen", config.sonya.listen if config.sonya else None),
-    ]
-    seen: dict[Address, str] = {}
-    for key, address in named:
-        if address is None or address.port == 0:
-            continue
-        if address in seen:
-            raise ConfigError(
-                str(config.source), None, f"{key} and {seen[address]} are both {address}", key=key
-            )
-        seen[address] = key
 
 
 def _split_host_port(text: str) -> tuple[str, str]:
@@ -343,6 +329,20 @@ def index_problem(index: IndexConfig, position: int) -> str | None:
     return None
 
 
+def listener_clash(
+    listeners: Sequence[tuple[Key, Address | None]],
+) -> tuple[Key, Key, Address] | None:
+    """Two listeners on one host:port cannot both bind: (the later key, the earlier, the address)."""
+    seen: dict[Address, Key] = {}
+    for key, address in listeners:
+        if address is None or address.port == 0:
+            continue
+        if address in seen:
+            return key, seen[address], address
+        seen[address] = key
+    return None
+
+
 def default_index_name(position: int) -> str:
     return "primary" if position == 0 else f"i{position}"
 
@@ -375,8 +375,8 @@ def show(value: Any) -> str:
 # Where each key is: tomllib gives no positions, so scan the (already valid) text once
 # --------------------------------------------------------------------------------------------
 
-
-Key = tuple[str | int, ...]
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_SCALAR = re.compile(r"[^,\]}\n#]*")  # numbers, booleans, dates: up to the next delimiter
 
 
 class TomlLines:
@@ -411,7 +411,7 @@ class TomlLines:
         return bisect_left(self._newlines, self._pos) + 1
 
     def _peek(self) -> str:
-        return self._text[self._pos] if self._pos < len(self._text) else ""
+        return self._text[self._pos] if self._pos < len(self._text) else "\0"
 
     def _skip(self, newlines: bool) -> None:
         text = self._text
@@ -476,7 +476,7 @@ class TomlLines:
                 self._string()
                 names.append(tomllib.loads("k = " + self._text[start : self._pos])["k"])
             else:
-                found = re.compile(r"[A-Za-z0-9_-]+").match(self._text, self._pos)
+                found = _BARE_KEY.match(self._text, self._pos)
                 if found is None:
                     raise ValueError("bad key")
                 names.append(found.group())
@@ -522,7 +522,7 @@ class TomlLines:
         elif ch in "\"'":
             self._string()
         else:
-            found = re.compile(r"[^,\]}\n#]*").match(self._text, self._pos)
+            found = _SCALAR.match(self._text, self._pos)
             assert found is not None
             self._pos = found.end()
 
@@ -594,14 +594,15 @@ class _TomlReader:
 
         root = self.table(data, (), _TOP)
         folder = source.parent
-        data_dir = _absolute(folder / self.string(root, (), "data_dir", DEFAULT_DATA_DIR))
+        data_dir = _absolute(folder / self.name(root, (), "data_dir", DEFAULT_DATA_DIR))
         legacy = None
         legacy_path = None
         if "tarantool_cfg" in root:
-            legacy_path = _absolute(folder / self.string(root, (), "tarantool_cfg"))
-            if not legacy_path.is_file():
-                raise self.fail(("tarantool_cfg",), f"tarantool_cfg: no such file: {legacy_path}")
-            legacy = tarantool_cfg.load_tarantool_cfg(legacy_path)
+            shown = Path(os.path.normpath(folder / self.name(root, (), "tarantool_cfg")))
+            if not shown.is_file():
+                raise self.fail(("tarantool_cfg",), f"tarantool_cfg: no such file: {shown}")
+            legacy = tarantool_cfg.load_tarantool_cfg(shown)
+            legacy_path = _absolute(shown)
         iproto = self.iproto(root)
         if legacy is not None:
             iproto = IprotoConfig(
@@ -616,7 +617,7 @@ class _TomlReader:
         spaces = self.spaces(root)
         if legacy is not None:
             spaces = self.merge_spaces(legacy.spaces, spaces)
-        return Config(
+        config = Config(
             source=source,
             data_dir=data_dir,
             iproto=iproto,
@@ -629,6 +630,24 @@ class _TomlReader:
             zaqar=self.zaqar(root),
             sonya=self.sonya(root),
         )
+        self.check_listeners(config)
+        return config
+
+    def check_listeners(self, config: Config) -> None:
+        iproto = config.iproto
+        clash = listener_clash(
+            [
+                (("iproto", "listen"), iproto.listen),
+                (("iproto", "read_only_listen"), iproto.read_only_listen),
+                (("iproto", "admin_listen"), iproto.admin_listen),
+                (("deckard", "listen"), config.deckard.listen if config.deckard else None),
+                (("zaqar", "listen"), config.zaqar.listen if config.zaqar else None),
+                (("sonya", "listen"), config.sonya.listen if config.sonya else None),
+            ]
+        )
+        if clash is not None:
+            key, other, address = clash
+            raise self.fail(key, f"{dotted(key)} and {dotted(other)} are both {address}")
 
     def iproto(self, root: dict[str, Any]) -> IprotoConfig:
         path: Key = ("iproto",)

@@ -35,6 +35,7 @@ from boxqueue.config import (
     default_index_name,
     dotted,
     index_problem,
+    listener_clash,
     read_text,
     show,
 )
@@ -291,6 +292,9 @@ class _Reader:
                 raise self.fail((key,), f"unknown key {key!r}")
         host = self.host(root)
         listeners = [self.listener(root, key, host) for key in PORT_OPTIONS]
+        clash = listener_clash([((key,), a) for key, a in zip(PORT_OPTIONS, listeners, strict=True)])
+        if clash is not None:
+            raise self.fail(clash[0], f"{dotted(clash[0])} is the same port as {dotted(clash[1])}")
         ids = [s.id for s in spaces]
         if len(set(ids)) != len(ids):
             raise self.fail(("namespace",), "both space and namespace define the same space")

@@ -1,7 +1,7 @@
 -- The spaces of tests/integration/conftest.py on a real Tarantool, so the same tests can be run
 -- against it (BOXQUEUE_TEST_TARGET=tarantool) to check that their expectations are Tarantool's.
 local port, dir = os.getenv('TT_PORT'), os.getenv('TT_DIR')
-box.cfg{listen = '127.0.0.1:' .. port, work_dir = dir, log = dir .. '/tarantool.log'}
+box.cfg{work_dir = dir, log = dir .. '/tarantool.log'}
 box.once('init', function()
   box.schema.user.grant('guest', 'read,write,execute', 'universe')
   local t = box.schema.space.create('test', {id = 512, format = {
@@ -33,3 +33,5 @@ box.once('init', function()
   box.schema.user.create('reader', {password = 'r'})
   box.schema.user.grant('reader', 'read', 'space', 'test')
 end)
+-- listen only once everything exists, so a client never sees a half-made schema
+box.cfg{listen = '127.0.0.1:' .. port}

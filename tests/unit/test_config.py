@@ -354,9 +354,21 @@ def test_a_toml_space_may_not_take_the_name_of_a_cfg_space(tmp_path: Path) -> No
     )
 
 
-def test_errors_in_the_cfg_name_the_cfg(tmp_path: Path) -> None:
+def test_errors_in_the_cfg_name_the_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path, "t.cfg", "readahead = 1\nprimary_port = -1\n")
     assert error(tmp_path, 'tarantool_cfg = "t.cfg"\n') == "t.cfg:2: bad port in primary_port: -1"
+    write(tmp_path, "conf/x.toml", 'tarantool_cfg = "../t.cfg"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^t\.cfg:2: bad port in primary_port: -1$"):
+        load_config("conf/x.toml")
+
+
+def test_cfg_listeners_clashing_with_toml_ones(tmp_path: Path) -> None:
+    write(tmp_path, "t.cfg", "primary_port = 1\nadmin_port = 8081\n")
+    text = 'tarantool_cfg = "t.cfg"\n[deckard]\n'
+    assert error(tmp_path, text) == (
+        "x.toml:2: deckard.listen and iproto.admin_listen are both 127.0.0.1:8081"
+    )
 
 
 def test_a_missing_cfg_names_the_toml_line(tmp_path: Path) -> None:
@@ -420,10 +432,22 @@ def test_neither_toml_nor_cfg(tmp_path: Path) -> None:
     assert error(tmp_path, "[iproto\n", name="x.conf") == (
         "x.conf:1: cannot parse: expected ']' at the end of a table declaration (column 8)"
     )
-    # readable as a cfg, with a cfg problem: that problem is reported
+    # readable as a cfg, with a cfg problem: that problem is reported...
     assert error(tmp_path, "space[0].enabled = 1\n", name="x.conf") == (
         "x.conf:1: space[0]: missing key 'index'"
     )
+    # ... unless the file says it is TOML
+    assert error(tmp_path, "data_dir = 'd'\nwal.mode = fsync\n") == (
+        "x.toml:2: cannot parse: invalid value (column 12)"
+    )
+
+
+def test_a_one_line_nested_cfg_is_valid_toml_but_still_a_cfg(tmp_path: Path) -> None:
+    text = 'space = [{ enabled = 1, index = [{ type = "HASH", unique = 1, key_field = [{ fieldno = 0, type = "NUM" }] }] }]\n'
+    config = load(tmp_path, text, name="box.conf")
+    assert config.spaces[0].indexes == (IndexConfig("primary", "HASH", True, (PartConfig(0, "unsigned"),)),)
+    config = load(tmp_path, '[[space]]\nname = "a"\n', name="box.conf")
+    assert config.spaces[0].name == "a"
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -567,8 +591,12 @@ def test_good_listen_addresses(tmp_path: Path) -> None:
 
 
 def test_two_listeners_on_one_address(tmp_path: Path) -> None:
-    text = '[iproto]\nlisten = "127.0.0.1:8888"\n[zaqar]\n'
-    assert error(tmp_path, text) == "x.toml: zaqar.listen and iproto.listen are both 127.0.0.1:8888"
+    text = '[iproto]\nlisten = "127.0.0.1:8888"\n\n[zaqar]\n'
+    assert error(tmp_path, text) == "x.toml:4: zaqar.listen and iproto.listen are both 127.0.0.1:8888"
+    text = '[iproto]\nlisten = "127.0.0.1:1"\nadmin_listen = "127.0.0.1:1"\n'
+    assert error(tmp_path, text) == (
+        "x.toml:3: iproto.admin_listen and iproto.listen are both 127.0.0.1:1"
+    )
     text = '[iproto]\nlisten = "127.0.0.1:0"\nadmin_listen = "127.0.0.1:0"\n'
     assert load(tmp_path, text).iproto.admin_listen == Address("127.0.0.1", 0)
 

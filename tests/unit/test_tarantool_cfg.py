@@ -264,6 +264,12 @@ def test_port_zero_or_absent_means_no_listener() -> None:
     assert parse_tarantool_cfg("", "x.cfg").listen is None
 
 
+def test_two_ports_alike() -> None:
+    assert error("primary_port = 1\nsecondary_port = 2\nadmin_port = 1\n") == (
+        "x.cfg:3: admin_port is the same port as primary_port"
+    )
+
+
 def test_bad_port() -> None:
     assert error("\nprimary_port = 70000\n") == "x.cfg:2: bad port in primary_port: 70000"
     assert error('admin_port = "x"\n') == 'x.cfg:1: bad port in admin_port: "x"'
