@@ -9,6 +9,7 @@ is a ``ConfigError`` whose text names the file, the line and the key, for exampl
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -343,6 +344,21 @@ def listener_clash(
     return None
 
 
+_NUMERIC_WIDENING = {("unsigned", "integer"), ("unsigned", "number"), ("integer", "number"),
+                     ("double", "number")}
+
+
+def _compatible(declared: str, part: str) -> bool:
+    """Whether an index part of type ``part`` may cover a field the format declares ``declared``."""
+    return (
+        declared == part
+        or declared == "any"
+        or "scalar" in (declared, part)
+        or (declared, part) in _NUMERIC_WIDENING
+        or (part, declared) in _NUMERIC_WIDENING
+    )
+
+
 def default_index_name(position: int) -> str:
     return "primary" if position == 0 else f"i{position}"
 
@@ -361,7 +377,7 @@ def dotted(path: Sequence[str | int]) -> str:
 def show(value: Any) -> str:
     """A value as the user wrote it in TOML."""
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value, ensure_ascii=False)  # quoted, newlines and quotes escaped
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
@@ -831,6 +847,11 @@ class _TomlReader:
         ptype = self.field_type(t, path, "type", declared.type if declared else "unsigned")
         if not fieldtypes.indexable(ptype):
             raise self.fail(path + ("type",), f"{dotted(path)}: a {ptype} field cannot be indexed")
+        if declared is not None and not _compatible(declared.type, ptype):
+            raise self.fail(
+                path + ("type",),
+                f"{dotted(path)}: field {field} is {declared.type} in the format, not {ptype}",
+            )
         nullable = self.boolean(t, path, "is_nullable", declared.is_nullable if declared else False)
         collation = self.string(t, path, "collation", None)
         if collation is not None:

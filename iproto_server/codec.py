@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from errcodes import ER, BoxError
-from spaces.msgpack_values import Raw, make_unpacker, pack, pack_array
+from spaces.msgpack_values import Raw, ext_hook, make_unpacker, pack, pack_array
 
 # Request and response types
 SELECT = 1
@@ -127,6 +127,7 @@ class RequestDecoder:
         self.max_packet = max_packet
         self._buf = bytearray()
         self._pos = 0
+        self._unpacker = _fast_unpacker()
 
     @property
     def buffered(self) -> int:
@@ -150,7 +151,7 @@ class RequestDecoder:
             return None
         first = buf[pos]
         if first <= 0x7F:
-            length, width = first, 1
+            length, start = first, pos + 1
         else:
             width = _LEN_WIDTH.get(first)
             if width is None:
@@ -158,9 +159,9 @@ class RequestDecoder:
             if avail < 1 + width:
                 return None
             length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+            start = pos + 1 + width
         if length > self.max_packet:
             raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
-        start = pos + 1 + width if first > 0x7F else pos + 1
         end = start + length
         if len(buf) < end:
             return None
@@ -169,7 +170,58 @@ class RequestDecoder:
         if self._pos > 65536 and self._pos * 2 > len(buf):
             del buf[: self._pos]
             self._pos = 0
-        return decode_packet(packet)
+        try:
+            return _decode(self._unpacker, packet)
+        except _Retry:
+            # A malformed packet may leave the shared unpacker mid-value; start a clean one and
+            # decode this packet again on its own, keeping maps with unhashable keys as pairs.
+            self._unpacker = _fast_unpacker()
+            return decode_packet(packet)
+
+
+class _Retry(Exception):
+    pass
+
+
+def _fast_unpacker() -> msgpack.Unpacker:
+    return msgpack.Unpacker(
+        raw=False, unicode_errors="surrogateescape", strict_map_key=False, ext_hook=ext_hook
+    )
+
+
+def _decode(unpacker: msgpack.Unpacker, packet: bytes) -> Request | BadRequest:
+    """The fast path: a reused unpacker; any oddity is left to :func:`decode_packet`."""
+    base = unpacker.tell()
+    unpacker.feed(packet)
+    try:
+        header = unpacker.unpack()
+        if type(header) is not dict:
+            raise _Retry
+        rtype = header.get(REQUEST_TYPE, 0)
+        if unpacker.tell() - base == len(packet):
+            body: Any = {}
+            tuple_raw = None
+        elif rtype in _KEEP_RAW_TUPLE:
+            body, tuple_raw = _body_keeping_tuple(unpacker, packet, base)
+        else:
+            body = unpacker.unpack()
+            tuple_raw = None
+        if unpacker.tell() - base != len(packet) or type(body) is not dict:
+            raise _Retry
+    except Exception as exc:
+        raise _Retry from exc
+    sync = header.get(SYNC, 0)
+    schema_version = header.get(SCHEMA_VERSION, 0)
+    stream_id = header.get(STREAM_ID, 0)
+    if (
+        type(sync) is not int
+        or sync < 0
+        or type(rtype) is not int
+        or type(schema_version) is not int
+        or type(stream_id) is not int
+    ):
+        raise _Retry
+    return Request(rtype, sync, schema_version, body, tuple_raw, stream_id)
 
 
 def decode_packet(packet: bytes) -> Request | BadRequest:
@@ -196,7 +248,7 @@ def decode_packet(packet: bytes) -> Request | BadRequest:
     tuple_raw = None
     try:
         if rtype in _KEEP_RAW_TUPLE:
-            body, tuple_raw = _body_keeping_tuple(unpacker, packet)
+            body, tuple_raw = _body_keeping_tuple(unpacker, packet, 0)
         else:
             body = unpacker.unpack()
         if unpacker.tell() != len(packet):
@@ -208,15 +260,17 @@ def decode_packet(packet: bytes) -> Request | BadRequest:
     return Request(rtype, sync, schema_version, body, tuple_raw, stream_id)
 
 
-def _body_keeping_tuple(unpacker: msgpack.Unpacker, packet: bytes) -> tuple[dict[int, Any], bytes | None]:
+def _body_keeping_tuple(
+    unpacker: msgpack.Unpacker, packet: bytes, base: int
+) -> tuple[dict[int, Any], bytes | None]:
     body: dict[int, Any] = {}
     tuple_raw = None
     for _ in range(unpacker.read_map_header()):
         key = unpacker.unpack()
         if key == TUPLE:
-            start = unpacker.tell()
+            start = unpacker.tell() - base
             body[key] = unpacker.unpack()
-            tuple_raw = packet[start : unpacker.tell()]
+            tuple_raw = packet[start : unpacker.tell() - base]
         else:
             body[key] = unpacker.unpack()
     return body, tuple_raw
@@ -238,6 +292,7 @@ def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> byte
 
 EMPTY_BODY = b"\x80"
 EMPTY_DATA_BODY = b"\x81\x30\x90"
+EMPTY_TUPLES_BODY = b"\x81\x30\xdd\x00\x00\x00\x00"
 
 
 def data_body_from_tuples(tuples: list[bytes]) -> bytes:

@@ -43,18 +43,15 @@ class Connection:
         self.session = session
         self.greeting = greeting
         self.decoder = codec.RequestDecoder(max_packet)
-        self.slots = trio.Semaphore(max_inflight)
         self.max_inflight = max_inflight
+        self.inflight = 0
+        self._slot_freed = trio.Event()
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._output_ready = trio.Event()
         self._drained = trio.Event()
         self._reading = trio.CancelScope()
         self._closing_after_flush = False
-
-    @property
-    def inflight(self) -> int:
-        return self.max_inflight - self.slots.value
 
     def stop_reading(self) -> None:
         """Server shutdown: accept no more requests on this connection."""
@@ -112,24 +109,33 @@ class Connection:
                 if type(event) is codec.BadRequest:
                     self._emit(dispatcher.error(event.sync, event.error))
                     continue
-                result = dispatcher.handle(session, event)
+                result = dispatcher.handle(session, event, self._reply_later)
                 if type(result) is bytes:
                     self._emit(result)
                     continue
-                try:
-                    await self.slots.acquire()
-                except BaseException:
-                    result.close()
-                    raise
-                nursery.start_soon(self._run, result)
+                self.inflight += 1
+                if result is not None:
+                    nursery.start_soon(self._run, result)
+                while self.inflight >= self.max_inflight:
+                    self._slot_freed = trio.Event()
+                    await self._slot_freed.wait()
             if self._out_bytes > OUTPUT_HIGH_WATER:
                 await self._flush()
+
+    def _reply_later(self, packet: bytes) -> None:
+        """The answer to a request that was left pending (a write waiting for its commit)."""
+        self._emit(packet)
+        self._release()
+
+    def _release(self) -> None:
+        self.inflight -= 1
+        self._slot_freed.set()
 
     async def _run(self, pending: Coroutine[Any, Any, bytes]) -> None:
         try:
             self._emit(await pending)
         finally:
-            self.slots.release()
+            self._release()
 
     # -- sending -------------------------------------------------------------------------------
 

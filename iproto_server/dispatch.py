@@ -30,6 +30,17 @@ PROTOCOL_VERSION = 3
 FEATURES: list[int] = []
 
 EvalHandler = Callable[[Session, str, list[Any]], Awaitable[list[Any]]]
+Reply = Callable[[bytes], None]
+
+
+class _PendingWrite:
+    """A write handed to the group committer; answered from its completion callback."""
+
+    __slots__ = ("write", "returns_tuple")
+
+    def __init__(self, write: Any, returns_tuple: bool = True) -> None:
+        self.write = write
+        self.returns_tuple = returns_tuple
 
 
 def _field(body: dict[int, Any], key: int, name: str, required: bool = False, default: Any = 0) -> Any:
@@ -102,8 +113,11 @@ class Dispatcher:
 
     # -- entry point ---------------------------------------------------------------------------
 
-    def handle(self, session: Session, request: codec.Request) -> bytes | Coroutine[Any, Any, bytes]:
-        """Response bytes, or a coroutine that produces them."""
+    def handle(
+        self, session: Session, request: codec.Request, reply: Reply
+    ) -> bytes | Coroutine[Any, Any, bytes] | None:
+        """The response bytes at once; ``None`` when ``reply`` will be called with them later (a
+        write waiting for its commit); or a coroutine producing them (a call that may block)."""
         sync = request.sync
         try:
             version = self.catalog.schema_version
@@ -113,11 +127,29 @@ class Dispatcher:
             if handler is None:
                 raise BoxError(ER.UNKNOWN_REQUEST_TYPE, request.type)
             result = handler(session, request)
-            if type(result) is bytes:
+            kind = type(result)
+            if kind is bytes:
                 return codec.response(sync, self.catalog.schema_version, result)
+            if kind is _PendingWrite:
+                self._submit(sync, result, reply)
+                return None
             return self._finish(sync, result)
         except Exception as exc:
             return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
+
+    def _submit(self, sync: int, pending: _PendingWrite, reply: Reply) -> None:
+        returns_tuple = pending.returns_tuple
+
+        def done(result: Any, error: BaseException | None) -> None:
+            version = self.catalog.schema_version
+            if error is not None:
+                reply(codec.error_response(sync, version, self._as_box_error(error)))
+            elif result is None or not returns_tuple:
+                reply(codec.response(sync, version, codec.EMPTY_TUPLES_BODY))
+            else:
+                reply(codec.response(sync, version, codec.data_body_from_tuples([result])))
+
+        self.catalog.committer.submit(pending.write, done)
 
     def error(self, sync: int, error: BoxError) -> bytes:
         return codec.error_response(sync, self.catalog.schema_version, error)
@@ -210,54 +242,44 @@ class Dispatcher:
             tuples = space.select(iid, iterator, key, offset, limit)
         return codec.data_body_from_tuples(tuples)
 
-    def _put(self, session: Session, request: codec.Request, mode: str) -> Coroutine[Any, Any, bytes]:
+    def _put(self, session: Session, request: codec.Request, mode: str) -> _PendingWrite:
         body = request.body
         space = self._writable(session, body)
         fields = _array(body, codec.TUPLE, "tuple", required=True)
-        raw = request.tuple_raw
-        write = space.prepare_put(raw, fields, mode)
-        return self._commit_one(write)
+        return _PendingWrite(space.prepare_put(request.tuple_raw, fields, mode))
 
-    def _insert(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _insert(self, session: Session, request: codec.Request) -> _PendingWrite:
         return self._put(session, request, INSERT)
 
-    def _replace(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _replace(self, session: Session, request: codec.Request) -> _PendingWrite:
         return self._put(session, request, REPLACE)
 
-    def _update(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _ops(self, space: Space, body: dict[int, Any], key: int) -> list[Any]:
+        index_base = _uint(body, codec.INDEX_BASE, "index base")
+        return parse_ops(_array(body, key, "tuple", required=True), index_base, space.field_names)
+
+    def _update(self, session: Session, request: codec.Request) -> _PendingWrite:
         body = request.body
         space = self._writable(session, body)
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        ops = parse_ops(_array(body, codec.TUPLE, "tuple", required=True), _uint(body, codec.INDEX_BASE, "index base"))
-        return self._commit_one(space.prepare_update(iid, key, ops))
+        return _PendingWrite(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)))
 
-    def _delete(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _delete(self, session: Session, request: codec.Request) -> _PendingWrite:
         body = request.body
         space = self._writable(session, body)
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        return self._commit_one(space.prepare_delete(iid, key))
+        return _PendingWrite(space.prepare_delete(iid, key))
 
-    def _upsert(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _upsert(self, session: Session, request: codec.Request) -> _PendingWrite:
         body = request.body
         space = self._writable(session, body)
         fields = _array(body, codec.TUPLE, "tuple", required=True)
-        ops = parse_ops(_array(body, codec.OPS, "ops"), _uint(body, codec.INDEX_BASE, "index base"))
-        write = space.prepare_upsert(request.tuple_raw, fields, ops)
-        return self._commit_upsert(write)
+        ops = parse_ops(_array(body, codec.OPS, "ops"), _uint(body, codec.INDEX_BASE, "index base"), space.field_names)
+        return _PendingWrite(space.prepare_upsert(request.tuple_raw, fields, ops), returns_tuple=False)
 
-    async def _commit_one(self, write: Any) -> bytes:
-        result = await self.catalog.committer.write(write)
-        if result is None:
-            return codec.data_body_from_tuples([])
-        return codec.data_body_from_tuples([result])
-
-    async def _commit_upsert(self, write: Any) -> bytes:
-        await self.catalog.committer.write(write)
-        return codec.data_body_from_tuples([])
-
-    def _procedure_call(self, session: Session, request: codec.Request, call16: bool) -> Coroutine[Any, Any, bytes]:
+    def _procedure_call(self, session: Session, request: codec.Request, call16: bool) -> Coroutine[Any, Any, bytes] | bytes:
         body = request.body
         name = _field(body, codec.FUNCTION_NAME, "function name", required=True)
         if type(name) is not str:
@@ -269,28 +291,37 @@ class Dispatcher:
         self.access.check(session.user, acl.EXECUTE, acl.FUNCTION, name)
         if entry.writes and session.read_only:
             raise BoxError(ER.READONLY)
+        if not entry.is_async:
+            try:
+                values = entry.fn(session.context, *args)
+            except (BoxError, StorageError):
+                raise
+            except Exception as exc:
+                raise BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__) from exc
+            return self._call_body(values, call16)
         return self._run_procedure(entry, session, args, call16)
 
-    async def _run_procedure(self, entry: Any, session: Session, args: list[Any], call16: bool) -> bytes:
-        try:
-            if entry.is_async:
-                values = await entry.fn(session.context, *args)
-            else:
-                values = entry.fn(session.context, *args)
-        except (BoxError, StorageError):
-            raise
-        except Exception as exc:
-            log.debug("procedure %s raised", entry.name, exc_info=True)
-            raise BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__) from exc
+    @staticmethod
+    def _call_body(values: Any, call16: bool) -> bytes:
         values = list(values) if values is not None else []
         if call16:
             values = wrap_call16(values)
         return codec.data_body(values)
 
-    def _call(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    async def _run_procedure(self, entry: Any, session: Session, args: list[Any], call16: bool) -> bytes:
+        try:
+            values = await entry.fn(session.context, *args)
+        except (BoxError, StorageError):
+            raise
+        except Exception as exc:
+            log.debug("procedure %s raised", entry.name, exc_info=True)
+            raise BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__) from exc
+        return self._call_body(values, call16)
+
+    def _call(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:
         return self._procedure_call(session, request, call16=False)
 
-    def _call16(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes]:
+    def _call16(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:
         return self._procedure_call(session, request, call16=True)
 
     def _eval(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:

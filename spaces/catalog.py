@@ -108,7 +108,7 @@ class Catalog:
             for record in records:
                 sdef = space_from_row(record["row"])
                 idefs = [index_from_row(row, db_name) for row, db_name in record["indexes"]]
-                self._register(Space(sdef, idefs, self.storage, self.committer))
+                self._register(Space(sdef, idefs, self.storage, self.committer, txn))
 
     def _register(self, space: Space) -> None:
         self.spaces[space.id] = space

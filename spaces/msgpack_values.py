@@ -118,7 +118,7 @@ def decimal_to_ext(value: decimal.Decimal) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_DECIMAL, msgpack.packb(-exponent) + bcd)
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def ext_hook(code: int, data: bytes) -> Any:
     try:
         if code == EXT_DECIMAL:
             return decimal_from_payload(data)
@@ -155,7 +155,7 @@ _UNPACK_ARGS: dict[str, Any] = dict(
     raw=False,
     unicode_errors="surrogateescape",
     strict_map_key=False,
-    ext_hook=_ext_hook,
+    ext_hook=ext_hook,
 )
 
 

@@ -132,13 +132,14 @@ class Space:
         index_defs: list[IndexDef],
         storage: Storage,
         committer: GroupCommitter | None = None,
+        txn: lmdb.Transaction | None = None,
     ) -> None:
         self.storage = storage
         self.committer = committer
         self.indexes: dict[int, Index] = {}
         self.index_by_name: dict[str, Index] = {}
         self.dropped = False
-        self.redefine(defn, index_defs)
+        self.redefine(defn, index_defs, txn)
 
     # -- definition -------------------------------------------------------------------------
 
@@ -330,14 +331,27 @@ class Space:
         pk = keys.encode(primary.key_of(fields))
         new_entries = self._entries(fields, pk)
 
+        if mode == REPLACE and not self.secondaries:
+            pk_stored, primary_db = new_entries[0][1], primary.db
+
+            def replace_only(txn: lmdb.Transaction) -> bytes:
+                self._check_alive()
+                txn.put(pk_stored, raw, db=primary_db)
+                return raw
+
+            return replace_only
+
         def write(txn: lmdb.Transaction) -> bytes:
             self._check_alive()
             pk_stored = new_entries[0][1]
             old = txn.get(pk_stored, db=primary.db)
             if old is not None and mode == INSERT:
                 raise BoxError(ER.TUPLE_FOUND, primary.name, self.name)
-            old_entries = self._entries(decode_tuple(old), pk) if old is not None else None
-            self._check_unique(txn, new_entries, pk_stored)
+            old_entries = None
+            if old is not None and self.secondaries:
+                old_entries = self._entries(decode_tuple(old), pk)
+            if self.secondaries:
+                self._check_unique(txn, new_entries, pk_stored)
             self._store(txn, raw, new_entries, old_entries)
             return raw
 
@@ -377,8 +391,9 @@ class Space:
         return write
 
     def prepare_upsert(self, raw: bytes, fields: list[Any], ops: list[UpdateOp]) -> WriteFn:
-        """UPSERT: insert ``raw`` when its primary key is new, else apply ``ops``; op errors are
-        logged and skipped, as Tarantool does."""
+        """UPSERT: insert ``raw`` when its primary key is new, else apply ``ops``. As in
+        Tarantool, a failing op is skipped, and a result that changes the primary key or breaks
+        the format leaves the tuple as it was; neither is reported to the client."""
         primary = self._primary()
         self.check_tuple(fields)
         pk = keys.encode(primary.key_of(fields))
@@ -393,9 +408,9 @@ class Space:
                 self._store(txn, raw, new_entries, None)
                 return None
             try:
-                self._apply_update(txn, pk_stored, decode_tuple(old), ops)
+                self._apply_update(txn, pk_stored, decode_tuple(old), ops, skip_errors=True)
             except BoxError as exc:
-                log.info("upsert into space '%s' skipped an update: %s", self.name, exc.message)
+                log.info("upsert into space '%s' left the tuple unchanged: %s", self.name, exc.message)
             return None
 
         return write
@@ -433,9 +448,16 @@ class Space:
             return None
         return pk_stored, raw, decode_tuple(raw)
 
-    def _apply_update(self, txn: lmdb.Transaction, pk_stored: bytes, fields: list[Any], ops: list[UpdateOp]) -> bytes:
+    def _apply_update(
+        self,
+        txn: lmdb.Transaction,
+        pk_stored: bytes,
+        fields: list[Any],
+        ops: list[UpdateOp],
+        skip_errors: bool = False,
+    ) -> bytes:
         primary = self._primary()
-        new_fields = apply_ops(fields, ops, self.field_names)
+        new_fields = apply_ops(fields, ops, self.field_names, skip_errors=skip_errors)
         pk = keys.encode(primary.key_of(fields))
         if keys.encode(primary.key_of(new_fields)) != pk:
             raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)

@@ -28,16 +28,20 @@ log = logging.getLogger(__name__)
 WriteFn = Callable[[lmdb.Transaction], Any]
 
 
+# Called on the event loop once the write is durable (error None) or has failed (result None).
+Done = Callable[[Any, BaseException | None], None]
+
+
 class _Write:
     __slots__ = ("fn", "after_commit", "exclusive", "result", "error", "done")
 
-    def __init__(self, fn: WriteFn, after_commit: Callable[[Any], None] | None, exclusive: bool):
+    def __init__(self, fn: WriteFn, after_commit: Callable[[Any], None] | None, exclusive: bool, done: Done):
         self.fn = fn
         self.after_commit = after_commit
         self.exclusive = exclusive
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = trio.Event()
+        self.done = done
 
 
 class GroupCommitter:
@@ -72,16 +76,36 @@ class GroupCommitter:
         before any writer is woken. ``exclusive`` writes (schema changes) get a batch of their own.
         Cancelling the caller does not withdraw a queued write.
         """
+        finished = trio.Event()
+        outcome: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            outcome.extend((result, error))
+            finished.set()
+
+        self.submit(fn, done, after_commit=after_commit, exclusive=exclusive)
+        with trio.CancelScope(shield=True):
+            await finished.wait()
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
+    def submit(
+        self,
+        fn: WriteFn,
+        done: Done,
+        *,
+        after_commit: Callable[[Any], None] | None = None,
+        exclusive: bool = False,
+    ) -> None:
+        """Queue ``fn`` without waiting: ``done(result, error)`` runs on the event loop once the
+        commit holding it returns. This is what the iproto connection uses, so a write costs no
+        task of its own."""
         if self._closed:
             raise StorageError("storage is closed")
-        item = _Write(fn, after_commit, exclusive)
-        self._pending.append(item)
+        self._pending.append(_Write(fn, after_commit, exclusive, done))
         self._wakeup.set()
-        with trio.CancelScope(shield=True):
-            await item.done.wait()
-        if item.error is not None:
-            raise item.error
-        return item.result
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -132,7 +156,10 @@ class GroupCommitter:
                 except Exception:
                     log.exception("after-commit hook failed")
         for item in batch:
-            item.done.set()
+            try:
+                item.done(item.result, item.error)
+            except Exception:
+                log.exception("write completion callback failed")
 
     # -- runs in the worker thread in fsync mode --------------------------------------------
 

@@ -665,6 +665,7 @@ def test_wrong_value_types(tmp_path: Path, text: str, message: str) -> None:
         ("indexes = [{ parts = [{ field = 0, type = 'unsigned', collation = 'unicode' }] }]", "x.toml:3: space[0].indexes[0].parts[0]: only string parts have a collation"),
         ("indexes = [{ parts = [{ field = 0, type = 'string', collation = 'klingon' }] }]", 'x.toml:3: unknown collation "klingon"'),
         ("temporary = 'yes'", 'x.toml:3: space[0].temporary must be true or false, not "yes"'),
+        ("format = [{ name = 'a', type = 'unsigned' }]\nindexes = [{ parts = [[0, 'string']] }]", "x.toml:4: space[0].indexes[0].parts[0]: field 0 is unsigned in the format, not string"),
     ],
 )
 def test_bad_spaces(tmp_path: Path, space: str, message: str) -> None:
@@ -680,6 +681,19 @@ def test_duplicate_spaces(tmp_path: Path) -> None:
     assert error(tmp_path, text) == "x.toml:4: duplicate space id 1"
     text = "[[space]]\nname = 'a'\n[[space]]\nname = 'a'\n"
     assert error(tmp_path, text) == 'x.toml:4: duplicate space name "a"'
+
+
+def test_compatible_part_types(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        """\
+        [[space]]
+        name = "t"
+        format = [{ name = "a", type = "unsigned" }, { name = "b" }, { name = "c", type = "string" }]
+        indexes = [{ parts = [[0, "number"]] }, { parts = [[1, "string"]] }, { parts = [[2, "scalar"]] }]
+        """,
+    )
+    assert [i.parts[0].type for i in config.spaces[0].indexes] == ["number", "string", "scalar"]
 
 
 def test_collations(tmp_path: Path) -> None:

@@ -1,0 +1,304 @@
+"""The server as a process: raw protocol edge cases, read-only port, restarts, kill -9, SIGTERM."""
+
+import base64
+import decimal
+import socket
+import threading
+import time
+import uuid
+
+import msgpack
+import pytest
+import tarantool
+from tarantool.error import DatabaseError
+
+from tests.integration.conftest import TARGET
+
+ours = pytest.mark.skipif(TARGET != "ours", reason="checks boxqueue's own process")
+
+
+class RawClient:
+    """A bare iproto client: frames requests by hand and reads whole responses."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.greeting = self._read(128)
+        self.buffer = b""
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    @staticmethod
+    def frame(header: dict, body: dict | None = None) -> bytes:
+        payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
+        return b"\xce" + len(payload).to_bytes(4, "big") + payload
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def response(self) -> tuple[dict, dict]:
+        prefix = self._read(5)
+        assert prefix[0] == 0xCE
+        payload = self._read(int.from_bytes(prefix[1:], "big"))
+        unpacker = msgpack.Unpacker(
+            raw=False, strict_map_key=False, unicode_errors="surrogateescape", use_list=False
+        )
+        unpacker.feed(payload)
+        header, body = list(unpacker)
+        return header, body
+
+    def closed_by_server(self, timeout: float = 5.0) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_greeting_is_128_bytes_with_a_salt(server):
+    c = RawClient(server.port)
+    line1, line2 = c.greeting[:64], c.greeting[64:]
+    assert line1.startswith(b"Tarantool ") and b"(Binary)" in line1 and line1.endswith(b"\n")
+    assert len(base64.b64decode(line2[:44])) == 32
+    c.close()
+
+
+def test_malformed_requests_get_errors_and_the_connection_survives(server):
+    c = RawClient(server.port)
+    # body is not a map
+    c.send(c.frame({0: 1, 1: 11}, [1, 2]))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 20 and header[1] == 11 and body[0x31] == "Invalid MsgPack - packet body"
+    # header is not a map
+    payload = msgpack.packb([1, 2])
+    c.send(b"\xce" + len(payload).to_bytes(4, "big") + payload)
+    header, body = c.response()
+    assert header[0] == 0x8000 | 20 and header[1] == 0 and body[0x31] == "Invalid MsgPack - packet header"
+    # wrong type in the body
+    c.send(c.frame({0: 1, 1: 12}, {0x10: "512", 0x12: 1}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 20 and header[1] == 12
+    # unknown request type
+    c.send(c.frame({0: 99, 1: 13}, {}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 48 and body[0x31] == "Unknown request type 99"
+    # missing mandatory limit
+    c.send(c.frame({0: 1, 1: 14}, {0x10: 512}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 69 and body[0x31] == "Missing mandatory field 'limit' in request"
+    # still serving
+    c.send(c.frame({0: 64, 1: 15}))
+    header, body = c.response()
+    assert header[0] == 0 and header[1] == 15 and body == {}
+    c.close()
+
+
+def test_bad_length_prefix_closes_only_that_connection(server):
+    victim, bystander = RawClient(server.port), RawClient(server.port)
+    victim.send(b"\xa5hello")
+    header, body = victim.response()
+    assert header[0] == 0x8000 | 20 and body[0x31] == "Invalid MsgPack - packet length"
+    assert victim.closed_by_server()
+    bystander.send(bystander.frame({0: 64, 1: 1}))
+    assert bystander.response()[0][0] == 0
+    victim.close()
+    bystander.close()
+
+
+@ours
+def test_huge_length_prefix_is_refused_without_buffering(server):
+    c = RawClient(server.port)
+    c.send(b"\xce\x7f\xff\xff\xff" + b"x" * 1000)
+    header, body = c.response()
+    assert header[0] == 0x8000 | 20
+    assert c.closed_by_server()
+    c.close()
+
+
+def test_schema_version_mismatch(server):
+    c = RawClient(server.port)
+    c.send(c.frame({0: 64, 1: 1}))
+    current = c.response()[0][5]
+    c.send(c.frame({0: 64, 1: 2, 5: current + 1000}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 109 and header[5] == current
+    c.send(c.frame({0: 64, 1: 3, 5: current}))
+    assert c.response()[0][0] == 0
+    c.close()
+
+
+@ours
+def test_id_negotiation(server):
+    c = RawClient(server.port)
+    c.send(c.frame({0: 73, 1: 5}, {0x54: 6, 0x55: [0, 1, 2, 3, 4, 5, 6]}))
+    header, body = c.response()
+    assert header[0] == 0
+    assert body[0x54] >= 1 and body[0x55] == () and body[0x5B] == "chap-sha1"
+    c.close()
+
+
+def test_tuples_round_trip_byte_exact(server, conn):
+    """A uint32-encoded integer, a str that is not UTF-8, a bin and a map with an array key."""
+    raw_tuple = (
+        b"\x95"
+        + b"\xce\x00\x00\xa4\x31"  # 42033 as uint32, not the shortest form
+        + b"\xa3\xff\xfeZ"  # str with bytes that are not UTF-8
+        + b"\xc4\x02\x00\x01"  # bin
+        + b"\x81\x92\x01\x02\xa1v"  # {[1, 2]: 'v'}
+        + b"\xca\x3f\xc0\x00\x00"  # float32 1.5
+    )
+    c = RawClient(server.port)
+    # space "test" (512): field 2 must be a string, and "\xff\xfeZ" is a str on the wire
+    body = b"\x82\x10\xcd\x02\x00\x21" + raw_tuple
+    header = msgpack.packb({0: 2, 1: 1})
+    c.send(b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body)
+    assert c.response()[0][0] == 0
+    c.send(c.frame({0: 1, 1: 2}, {0x10: 512, 0x12: 1, 0x20: [42033]}))
+    prefix = c._read(5)
+    payload = c._read(int.from_bytes(prefix[1:], "big"))
+    assert payload.endswith(raw_tuple)
+    c.close()
+
+
+def test_pipelined_requests_are_answered_by_sync(server):
+    """A ping sent after writes is answered before them: writes wait for the flush, pings don't."""
+    c = RawClient(server.port)
+    data = b"".join(c.frame({0: 3, 1: 100 + i}, {0x10: 512, 0x21: [1000 + i, "w"]}) for i in range(50))
+    data += c.frame({0: 64, 1: 999})
+    c.send(data)
+    syncs = [c.response()[0][1] for _ in range(51)]
+    assert sorted(syncs) == sorted([*range(100, 150), 999])
+    if TARGET == "ours":
+        assert syncs.index(999) < syncs.index(149)
+    c.close()
+
+
+def test_read_only_port(server):
+    if TARGET != "ours":
+        pytest.skip("Tarantool 2.x has no secondary port")
+    writer = tarantool.connect("127.0.0.1", server.port)
+    writer.replace("test", (31, "ro"))
+    ro = tarantool.connect("127.0.0.1", server.ro_port)
+    assert [list(t) for t in ro.select("test", 31)] == [[31, "ro"]]
+    for attempt in (lambda: ro.insert("test", (32, "x")), lambda: ro.delete("test", 31),
+                    lambda: ro.call("box.space.test:replace", [[33, "x"]])):
+        with pytest.raises(DatabaseError) as err:
+            attempt()
+        assert err.value.args[:2] == (7, "Can't modify data on a read-only instance")
+    assert ro.call("box.info").data[0]["ro"] is True
+    assert writer.call("box.info").data[0]["ro"] is False
+    ro.close()
+    writer.close()
+
+
+@ours
+def test_restart_keeps_data_schema_and_session_ids(fresh_server):
+    fresh_server.start()
+    c = tarantool.connect("127.0.0.1", fresh_server.port)
+    for i in range(200):
+        c.insert("test", (i, f"name{i % 7}", {"i": i}))
+    c.insert("typed", (1, -5, 2.5, 1.5, "s", True, b"\x00", "sc", uuid.UUID(int=7),
+                       decimal.Decimal("1.25"), tarantool.Datetime(year=2024, month=1, day=2), [1], None))
+    first_session = c.call("box.session.id").data[0]
+    c.close()
+    assert fresh_server.stop() == 0
+    fresh_server.start()
+    c = tarantool.connect("127.0.0.1", fresh_server.port)
+    assert len(c.select("test")) == 200
+    assert [t[0] for t in c.select("test", ["name3"], index="name")] == [i for i in range(200) if i % 7 == 3]
+    [typed] = c.select("typed", 1)
+    assert typed[8] == uuid.UUID(int=7) and typed[9] == decimal.Decimal("1.25")
+    assert typed[10] == tarantool.Datetime(year=2024, month=1, day=2)
+    assert c.call("box.session.id").data[0] > first_session
+    c.close()
+
+
+@ours
+def test_kill_9_during_writes_loses_no_acknowledged_write(fresh_server):
+    fresh_server.start()
+    acknowledged: list[int] = []
+    stop = threading.Event()
+
+    def writer(offset: int) -> None:
+        try:
+            c = tarantool.connect("127.0.0.1", fresh_server.port)
+            i = offset
+            while not stop.is_set():
+                c.insert("test", (i, "durable"))
+                acknowledged.append(i)
+                i += 4
+        except Exception:  # the server died under us: expected
+            pass
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    fresh_server.kill()
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert len(acknowledged) > 50
+    fresh_server.start()
+    c = tarantool.connect("127.0.0.1", fresh_server.port)
+    stored = {t[0] for t in c.select("test")}
+    missing = [i for i in acknowledged if i not in stored]
+    assert missing == []
+    c.close()
+
+
+@ours
+def test_sigterm_finishes_in_flight_writes_and_exits_zero(fresh_server):
+    fresh_server.start()
+    c = RawClient(fresh_server.port)
+    c.send(b"".join(c.frame({0: 3, 1: i}, {0x10: 512, 0x21: [i, "x"]}) for i in range(200)))
+    first = c.response()
+    assert first[0][0] == 0
+    assert fresh_server.stop() == 0
+    # every write the client saw acknowledged survives
+    got = 1
+    try:
+        while True:
+            header, _ = c.response()
+            assert header[0] == 0
+            got += 1
+    except (ConnectionError, OSError):
+        pass
+    c.close()
+    fresh_server.start()
+    conn = tarantool.connect("127.0.0.1", fresh_server.port)
+    assert len(conn.select("test")) >= got
+    conn.close()
+
+
+@ours
+def test_bad_config_stops_with_file_line_and_key(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:1"\nlisen = "x"\n')
+    proc = subprocess.run([sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "bad.toml:4" in proc.stderr and "lisen" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@ours
+def test_session_ids_are_positive_and_distinct(server):
+    ids = set()
+    for _ in range(5):
+        c = tarantool.connect("127.0.0.1", server.port)
+        ids.add(c.call("box.session.id").data[0])
+        c.close()
+    assert len(ids) == 5 and min(ids) > 0
