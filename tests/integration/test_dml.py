@@ -4,7 +4,6 @@ Every expectation here also holds on a real Tarantool 2.6 (BOXQUEUE_TEST_TARGET=
 """
 
 import pytest
-import tarantool
 from tarantool.error import DatabaseError
 
 EQ, REQ, ALL, LT, LE, GE, GT = range(7)
