@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"boxqueue: {exc}", file=sys.stderr)
         return 2
+    # Commits in fsync mode run in a worker thread; with the default 5 ms switch interval the
+    # event loop and that thread wait milliseconds for each other's GIL.
+    sys.setswitchinterval(0.00002)
     try:
         trio.run(Server(config).run)
     except KeyboardInterrupt:

@@ -1,10 +1,16 @@
 """Group commit: many concurrent writes, one LMDB transaction, one flush.
 
-A write is a function of the write transaction. :meth:`GroupCommitter.write` queues it and waits;
-the committer task takes everything queued, runs it in one transaction and commits. In ``fsync``
-mode that happens in a worker thread (the flush blocks) while the event loop keeps serving reads
-and queueing the next batch, so the batch grows with the load and one flush covers many writes.
-A reply is sent only once the commit holding its write has returned.
+A write is a function of the write transaction. :meth:`GroupCommitter.write` (or :meth:`submit`,
+with a callback) queues it; the committer task takes everything queued, runs it in one transaction
+on the event loop and commits. In ``fsync`` mode the commit, which writes and flushes the pages,
+runs in a worker thread while the event loop keeps serving reads and queueing the next batch, so
+the batch grows with the load and one flush covers many writes. A reply is sent only once the
+commit holding its write has returned.
+
+The transaction is begun on the event loop thread and committed in a worker thread. LMDB's own
+writer lock would forbid that (a mutex must be released by the thread that took it), so the
+environment is opened without LMDB's locks and :class:`storage.environment.Storage` guarantees
+what they guaranteed: one writer (this committer) and one process (a lock file).
 
 A write either completes or raises one of the ``rejections`` given to the committer, in which case
 it must have written nothing (it validates before it writes). Any other exception means a write
@@ -138,10 +144,11 @@ class GroupCommitter:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            if self._in_thread:
-                await trio.to_thread.run_sync(self._run_batch, batch)
+            txn = self._apply(batch)
+            if txn is None:
+                await self._one_by_one(batch)
             else:
-                self._run_batch(batch)
+                await self._flush(txn)
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
             for item in batch:
                 if item.error is None:
@@ -161,11 +168,9 @@ class GroupCommitter:
             except Exception:
                 log.exception("write completion callback failed")
 
-    # -- runs in the worker thread in fsync mode --------------------------------------------
-
-    def _run_batch(self, batch: list[_Write]) -> None:
-        env = self._storage.env
-        txn = env.begin(write=True)
+    def _apply(self, batch: list[_Write]) -> lmdb.Transaction | None:
+        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+        txn = self._storage.env.begin(write=True)
         try:
             for item in batch:
                 try:
@@ -175,14 +180,21 @@ class GroupCommitter:
         except Exception:
             txn.abort()
             log.exception("a write failed half-way; retrying the batch one write at a time")
-            self._run_one_by_one(batch)
-            return
+            return None
+        return txn
+
+    async def _flush(self, txn: lmdb.Transaction) -> None:
+        """Commit; in fsync mode the commit (page writes and flushes) runs in a worker thread, which
+        takes the GIL once at the end instead of competing for it on every call."""
         try:
-            txn.commit()
+            if self._in_thread:
+                await trio.to_thread.run_sync(txn.commit)
+            else:
+                txn.commit()
         except lmdb.Error as exc:
             raise StorageError(f"commit failed: {exc}") from exc
 
-    def _run_one_by_one(self, batch: list[_Write]) -> None:
+    async def _one_by_one(self, batch: list[_Write]) -> None:
         env = self._storage.env
         for item in batch:
             item.result = item.error = None
@@ -198,9 +210,9 @@ class GroupCommitter:
                 txn.abort()
                 continue
             try:
-                txn.commit()
-            except lmdb.Error as exc:
-                item.error = StorageError(f"commit failed: {exc}")
+                await self._flush(txn)
+            except StorageError as exc:
+                item.error = exc
 
 
 def _as_storage_error(exc: BaseException) -> BaseException:

@@ -10,10 +10,18 @@ Durability follows ``wal.mode``:
 
 Reads on the event loop share one read transaction that is replaced after each commit
 (:meth:`Storage.reader`), so a read costs no transaction set-up.
+
+LMDB runs without its lock file (``lock=False``): the group committer begins a transaction on the
+event loop and commits it in a worker thread, which LMDB's writer mutex does not allow. What the
+locks gave is kept by construction: a ``flock`` on ``boxqueue.lock`` keeps a second process out;
+the committer is the only writer; and a read transaction is always replaced by one on the newest
+snapshot before it is used after a commit, so the writer never reuses a page a reader still needs
+(LMDB reuses only pages freed before the previous transaction).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -41,6 +49,12 @@ class Storage:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.wal_mode = wal_mode
+        self._lock_file = open(self.path / "boxqueue.lock", "a+b")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            raise StorageError(f"{self.path} is in use by another boxqueue process") from None
         try:
             self.env = lmdb.open(
                 str(self.path),
@@ -52,9 +66,10 @@ class Storage:
                 writemap=wal_mode == "none",
                 map_async=wal_mode == "none",
                 readahead=False,
-                lock=True,
+                lock=False,
             )
         except lmdb.Error as exc:
+            self._lock_file.close()
             raise StorageError(f"cannot open LMDB environment in {self.path}: {exc}") from exc
         self._dbs: dict[bytes, object] = {}
         self._reader: lmdb.Transaction | None = None
@@ -64,7 +79,11 @@ class Storage:
     # -- databases ---------------------------------------------------------------------------
 
     def db(self, name: bytes, txn: lmdb.Transaction | None = None, create: bool = True):
-        """The handle of the named database ``name``, opening (and creating) it when needed."""
+        """The handle of the named database ``name``, opening (and creating) it when needed.
+
+        Without ``txn`` LMDB opens it in a write transaction of its own: only do that before the
+        group committer runs (at start), since nothing else may write while it does.
+        """
         handle = self._dbs.get(name)
         if handle is None:
             handle = self.env.open_db(name, txn=txn, create=create)
@@ -110,3 +129,4 @@ class Storage:
             self._reader.abort()
             self._reader = None
         self.env.close()
+        self._lock_file.close()

@@ -1,0 +1,125 @@
+"""The server run inside the test's own trio loop, for what needs a hand on its internals:
+disconnect callbacks, cancellation of a leaving client's requests, back-pressure."""
+
+import msgpack
+import pytest
+import trio
+
+from boxqueue.config import load_config
+from boxqueue.process import Server
+
+
+def frame(header: dict, body: dict | None = None) -> bytes:
+    payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
+    return b"\xce" + len(payload).to_bytes(4, "big") + payload
+
+
+async def read_response(stream: trio.SocketStream, buf: bytearray) -> tuple[dict, dict]:
+    while True:
+        if len(buf) >= 5:
+            size = int.from_bytes(buf[1:5], "big")
+            if len(buf) >= 5 + size:
+                payload = bytes(buf[5 : 5 + size])
+                del buf[: 5 + size]
+                unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+                unpacker.feed(payload)
+                header, body = list(unpacker)
+                return header, body
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+
+
+@pytest.fixture
+async def running(tmp_path, nursery):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\nmax_inflight_per_connection = 4\n[wal]\nmode = "none"\n'
+    )
+    server = Server(load_config(cfg), handle_signals=False)
+    ports = await nursery.start(server.run)
+    yield server, ports.iproto
+    server.stop()
+
+
+async def connect(port: int) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    greeting = b""
+    while len(greeting) < 128:
+        greeting += await stream.receive_some(128 - len(greeting))
+    return stream
+
+
+async def test_disconnect_runs_callbacks_and_cancels_pending_calls(running):
+    server, port = running
+    events: dict[str, float] = {}
+    entered = trio.Event()
+
+    async def hold(ctx):
+        ctx.on_disconnect(lambda: events.setdefault("disconnected", trio.current_time()))
+        entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            events["cancelled"] = trio.current_time()
+
+    server.procedures.register("test.hold", hold)
+    stream = await connect(port)
+    await stream.send_all(frame({0: 10, 1: 1}, {0x22: "test.hold", 0x21: []}))
+    await entered.wait()
+    closed_at = trio.current_time()
+    await stream.aclose()
+    with trio.fail_after(2):
+        while "disconnected" not in events or "cancelled" not in events:
+            await trio.sleep(0.001)
+    assert events["disconnected"] - closed_at < 0.1
+    assert events["cancelled"] - closed_at < 0.1
+
+
+async def test_inflight_limit_pushes_back_and_loses_nothing(running):
+    server, port = running
+    release = trio.Event()
+    started = []
+
+    async def block(ctx, n):
+        started.append(n)
+        await release.wait()
+        return [n]
+
+    server.procedures.register("test.block", block)
+    stream = await connect(port)
+    await stream.send_all(b"".join(frame({0: 10, 1: i}, {0x22: "test.block", 0x21: [i]}) for i in range(10)))
+    await trio.sleep(0.2)
+    assert len(started) == 4  # max_inflight_per_connection
+    release.set()
+    buf = bytearray()
+    answers = {}
+    with trio.fail_after(5):
+        for _ in range(10):
+            header, body = await read_response(stream, buf)
+            answers[header[1]] = body[0x30]
+    assert answers == {i: [i] for i in range(10)}
+    await stream.aclose()
+
+
+async def test_a_slow_call_does_not_hold_up_a_fast_request(running):
+    server, port = running
+    gate = trio.Event()
+
+    async def slow(ctx):
+        await gate.wait()
+        return ["slow"]
+
+    server.procedures.register("test.slow", slow)
+    stream = await connect(port)
+    await stream.send_all(frame({0: 10, 1: 1}, {0x22: "test.slow", 0x21: []}) + frame({0: 64, 1: 2}))
+    buf = bytearray()
+    with trio.fail_after(2):
+        header, _ = await read_response(stream, buf)
+    assert header[1] == 2  # the ping, answered while the call still waits
+    gate.set()
+    with trio.fail_after(2):
+        header, body = await read_response(stream, buf)
+    assert header[1] == 1 and body[0x30] == ["slow"]
+    await stream.aclose()
