@@ -118,6 +118,7 @@ class FramingError(Exception):
 
 
 _LEN_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_U32 = struct.Struct(">I")
 
 
 class RequestDecoder:
@@ -146,82 +147,67 @@ class RequestDecoder:
         """
         buf = self._buf
         pos = self._pos
-        avail = len(buf) - pos
-        if avail <= 0:
+        size = len(buf)
+        if pos >= size:
             return None
         first = buf[pos]
         if first <= 0x7F:
-            length, start = first, pos + 1
+            length = first
+            start = pos + 1
+        elif first == 0xCE:
+            if size - pos < 5:
+                return None
+            length = _U32.unpack_from(buf, pos + 1)[0]
+            start = pos + 5
         else:
             width = _LEN_WIDTH.get(first)
             if width is None:
                 raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
-            if avail < 1 + width:
+            if size - pos < 1 + width:
                 return None
             length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
             start = pos + 1 + width
         if length > self.max_packet:
             raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
         end = start + length
-        if len(buf) < end:
+        if size < end:
             return None
-        packet = bytes(buf[start:end])
         self._pos = end
-        if self._pos > 65536 and self._pos * 2 > len(buf):
-            del buf[: self._pos]
+        packet = bytes(buf[start:end])
+        if end > 65536 and end * 2 > size:
+            del buf[:end]
             self._pos = 0
+        # The fast path: one reused unpacker, no hooks; anything unusual is decoded again below.
+        unpacker = self._unpacker
+        base = unpacker.tell()
+        unpacker.feed(packet)
         try:
-            return _decode(self._unpacker, packet)
-        except _Retry:
-            # A malformed packet may leave the shared unpacker mid-value; start a clean one and
-            # decode this packet again on its own, keeping maps with unhashable keys as pairs.
-            self._unpacker = _fast_unpacker()
-            return decode_packet(packet)
-
-
-class _Retry(Exception):
-    pass
+            header = unpacker.unpack()
+            rtype = header.get(REQUEST_TYPE, 0)
+            tuple_raw = None
+            if unpacker.tell() - base == length:
+                body: Any = {}
+            elif rtype in _KEEP_RAW_TUPLE:
+                body, tuple_raw = _body_keeping_tuple(unpacker, packet, base)
+            else:
+                body = unpacker.unpack()
+            if unpacker.tell() - base == length and type(body) is dict:
+                sync = header.get(SYNC, 0)
+                version = header.get(SCHEMA_VERSION, 0)
+                if type(sync) is int and sync >= 0 and type(rtype) is int and type(version) is int:
+                    return Request(rtype, sync, version, body, tuple_raw, header.get(STREAM_ID, 0))
+        except Exception:
+            pass
+        # A malformed packet may leave the shared unpacker mid-value; start a clean one and
+        # decode this packet again on its own, keeping maps with unhashable keys as pairs.
+        self._unpacker = _fast_unpacker()
+        return decode_packet(packet)
 
 
 def _fast_unpacker() -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=False, unicode_errors="surrogateescape", strict_map_key=False, ext_hook=ext_hook
     )
-
-
-def _decode(unpacker: msgpack.Unpacker, packet: bytes) -> Request | BadRequest:
-    """The fast path: a reused unpacker; any oddity is left to :func:`decode_packet`."""
-    base = unpacker.tell()
-    unpacker.feed(packet)
-    try:
-        header = unpacker.unpack()
-        if type(header) is not dict:
-            raise _Retry
-        rtype = header.get(REQUEST_TYPE, 0)
-        if unpacker.tell() - base == len(packet):
-            body: Any = {}
-            tuple_raw = None
-        elif rtype in _KEEP_RAW_TUPLE:
-            body, tuple_raw = _body_keeping_tuple(unpacker, packet, base)
-        else:
-            body = unpacker.unpack()
-            tuple_raw = None
-        if unpacker.tell() - base != len(packet) or type(body) is not dict:
-            raise _Retry
-    except Exception as exc:
-        raise _Retry from exc
-    sync = header.get(SYNC, 0)
-    schema_version = header.get(SCHEMA_VERSION, 0)
-    stream_id = header.get(STREAM_ID, 0)
-    if (
-        type(sync) is not int
-        or sync < 0
-        or type(rtype) is not int
-        or type(schema_version) is not int
-        or type(stream_id) is not int
-    ):
-        raise _Retry
-    return Request(rtype, sync, schema_version, body, tuple_raw, stream_id)
 
 
 def decode_packet(packet: bytes) -> Request | BadRequest:

@@ -24,7 +24,7 @@ from iproto_server.session import Session
 
 log = logging.getLogger(__name__)
 
-RECEIVE_SIZE = 256 * 1024
+RECEIVE_SIZE = 64 * 1024  # under malloc's mmap threshold: a bigger buffer costs an mmap per read
 OUTPUT_HIGH_WATER = 8 * 1024 * 1024
 
 
@@ -51,7 +51,7 @@ class Connection:
         self._output_ready = trio.Event()
         self._drained = trio.Event()
         self._reading = trio.CancelScope()
-        self._closing_after_flush = False
+        self._sending = False
 
     def stop_reading(self) -> None:
         """Server shutdown: accept no more requests on this connection."""
@@ -119,6 +119,12 @@ class Connection:
                 while self.inflight >= self.max_inflight:
                     self._slot_freed = trio.Event()
                     await self._slot_freed.wait()
+            if self._out and not self._sending:
+                # Answer this chunk's quick requests now, without waking the sender task.
+                try:
+                    await self._send_pending()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return True
             if self._out_bytes > OUTPUT_HIGH_WATER:
                 await self._flush()
 
@@ -149,17 +155,28 @@ class Connection:
             self._drained = trio.Event()
             await self._drained.wait()
 
-    async def _send_loop(self, scope: trio.CancelScope) -> None:
+    async def _send_pending(self) -> None:
+        """Write everything queued; only one task sends at a time (``_sending``)."""
+        self._sending = True
         try:
-            while True:
-                if not self._out:
-                    self._output_ready = trio.Event()
-                    self._drained.set()
-                    await self._output_ready.wait()
+            while self._out:
                 data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
                 self._out.clear()
                 await self.stream.send_all(data)
                 self._out_bytes -= len(data)
+        finally:
+            self._sending = False
+            if not self._out:
+                self._drained.set()
+
+    async def _send_loop(self, scope: trio.CancelScope) -> None:
+        """Sends what is answered outside the receive loop (commits, calls)."""
+        try:
+            while True:
+                while not self._out or self._sending:
+                    self._output_ready = trio.Event()
+                    await self._output_ready.wait()
+                await self._send_pending()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # The client is gone: nothing more can be answered.
             self._out.clear()

@@ -33,6 +33,9 @@ EvalHandler = Callable[[Session, str, list[Any]], Awaitable[list[Any]]]
 Reply = Callable[[bytes], None]
 
 
+_NO_KEY: list[Any] = []
+
+
 class _PendingWrite:
     """A write handed to the group committer; answered from its completion callback."""
 
@@ -227,6 +230,29 @@ class Dispatcher:
 
     def _select(self, session: Session, request: codec.Request) -> bytes:
         body = request.body
+        # The common case, checked in one go: a data space by id, every field of the right type.
+        get = body.get
+        space = self.catalog.spaces.get(get(codec.SPACE_ID))
+        iid, limit, offset = get(codec.INDEX_ID, 0), get(codec.LIMIT), get(codec.OFFSET, 0)
+        iterator, key = get(codec.ITERATOR, 0), get(codec.KEY, _NO_KEY)
+        if (
+            space is not None
+            and type(iid) is int
+            and type(limit) is int
+            and type(offset) is int
+            and type(iterator) is int
+            and type(key) is list
+            and iid >= 0
+            and limit >= 0
+            and offset >= 0
+            and codec.INDEX_NAME not in body
+        ):
+            if not session.user.privileges_on(acl.SPACE, space.name) & acl.READ:
+                self.access.check(session.user, acl.READ, acl.SPACE, space.name)
+            return codec.data_body_from_tuples(space.select(iid, iterator, key, offset, limit))
+        return self._select_checked(session, body)
+
+    def _select_checked(self, session: Session, body: dict[int, Any]) -> bytes:
         space = self._space_of(body)
         iid = self._index_id(space, body)
         limit = _uint(body, codec.LIMIT, "limit", required=True)

@@ -79,6 +79,8 @@ class User:
     password_hash: bytes | None = None  # SHA1(SHA1(password)); None: no password set
     # (object_type, object name or "" for the universe) -> privilege bits
     grants: dict[tuple[str, str], int] = field(default_factory=dict)
+    # privileges_on() answers, dropped whenever grants change (checked on every request)
+    _resolved: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
 
     def auth_map(self) -> dict[str, str]:
         if self.password_hash is None:
@@ -88,13 +90,23 @@ class User:
     def grant(self, privileges: int, object_type: str, object_name: str = "") -> None:
         key = (object_type, object_name if object_type != UNIVERSE else "")
         self.grants[key] = self.grants.get(key, 0) | privileges
+        self._resolved.clear()
+
+    def set_grants(self, grants: dict[tuple[str, str], int]) -> None:
+        self.grants = grants
+        self._resolved.clear()
 
     def privileges_on(self, object_type: str, object_name: str) -> int:
-        if self.id == ADMIN_ID:
-            return ALL
-        bits = self.grants.get((UNIVERSE, ""), 0)
-        if object_type != UNIVERSE:
-            bits |= self.grants.get((object_type, object_name), 0)
+        key = (object_type, object_name)
+        bits = self._resolved.get(key)
+        if bits is None:
+            if self.id == ADMIN_ID:
+                bits = ALL
+            else:
+                bits = self.grants.get((UNIVERSE, ""), 0)
+                if object_type != UNIVERSE:
+                    bits |= self.grants.get(key, 0)
+            self._resolved[key] = bits
         return bits
 
     def row(self) -> list:
@@ -115,9 +127,9 @@ class AccessControl:
             (SUPER_ID, "super", "role"),
         ):
             self._add(User(uid, name, kind))
-        self.by_id[ADMIN_ID].grants[(UNIVERSE, "")] = ALL
-        self.by_id[SUPER_ID].grants[(UNIVERSE, "")] = ALL
-        self.guest.grants[(UNIVERSE, "")] = READ | WRITE | EXECUTE | SESSION | USAGE
+        self.by_id[ADMIN_ID].grant(ALL, UNIVERSE)
+        self.by_id[SUPER_ID].grant(ALL, UNIVERSE)
+        self.guest.grant(READ | WRITE | EXECUTE | SESSION | USAGE, UNIVERSE)
 
     def _add(self, user: User) -> None:
         self.users[user.name] = user
@@ -139,7 +151,7 @@ class AccessControl:
         return user
 
     def set_guest_grants(self, grants: list[tuple[int, str, str]]) -> None:
-        self.guest.grants = {}
+        self.guest.set_grants({})
         for bits, object_type, object_name in grants:
             self.guest.grant(bits, object_type, object_name)
 

@@ -28,10 +28,31 @@ EXT_INTERVAL = 6
 _DECIMAL_CONTEXT = decimal.Context(prec=100, Emax=999999, Emin=-999999)
 
 
-class PairsMap(list):
-    """A msgpack map whose keys cannot be dict keys; a list of ``(key, value)`` pairs."""
+class PairsMap:
+    """A msgpack map whose keys cannot be dict keys (arrays, maps): its ``(key, value)`` pairs.
 
-    __slots__ = ()
+    Deliberately not a list, so the msgpack packer refuses it and :func:`pack` takes the slow
+    path only for values that hold one.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: Any = ()) -> None:
+        self.pairs = list(pairs)
+
+    def __iter__(self) -> Any:
+        return iter(self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PairsMap) and self.pairs == other.pairs
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PairsMap({self.pairs!r})"
 
 
 class Datetime:
@@ -180,38 +201,20 @@ _packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape", de
 
 def pack(value: Any) -> bytes:
     """Encode one value; the inverse of :func:`unpack` for everything it produces."""
-    if isinstance(value, PairsMap) or _contains_pairs_map(value):
+    try:
+        return _packer.pack(value)
+    except TypeError:
+        # A PairsMap somewhere inside (or a value msgpack cannot carry, which fails again below).
         return _pack_with_pairs(value)
-    return _packer.pack(value)
-
-
-def _contains_pairs_map(value: Any) -> bool:
-    if isinstance(value, PairsMap):
-        return True
-    if isinstance(value, list | tuple):
-        return any(isinstance(v, list | tuple | dict) and _contains_pairs_map(v) for v in value)
-    if isinstance(value, dict):
-        return any(
-            isinstance(v, list | tuple | dict) and _contains_pairs_map(v) for v in value.values()
-        )
-    return False
 
 
 def _pack_with_pairs(value: Any) -> bytes:
     if isinstance(value, PairsMap):
-        out = [_map_header(len(value))]
-        for k, v in value:
-            out.append(pack(k))
-            out.append(pack(v))
-        return b"".join(out)
+        return _map_header(len(value)) + b"".join(pack(k) + pack(v) for k, v in value)
     if isinstance(value, list | tuple):
         return _array_header(len(value)) + b"".join(pack(v) for v in value)
     if isinstance(value, dict):
-        out = [_map_header(len(value))]
-        for k, v in value.items():
-            out.append(pack(k))
-            out.append(pack(v))
-        return b"".join(out)
+        return _map_header(len(value)) + b"".join(pack(k) + pack(v) for k, v in value.items())
     return _packer.pack(value)
 
 
@@ -243,12 +246,19 @@ class Raw(bytes):
 
 def pack_array(values: list[Any] | tuple[Any, ...]) -> bytes:
     """Encode a list whose items may be (or contain) :class:`Raw` pieces."""
-    return _array_header(len(values)) + b"".join(_pack_item(v) for v in values)
+    for v in values:
+        if type(v) not in _PLAIN:
+            return _array_header(len(values)) + b"".join(_pack_item(v) for v in values)
+    return _packer.pack(values)
+
+
+# Item types that can never hold a Raw piece: a list of these packs in one call.
+_PLAIN = frozenset({int, str, float, bool, type(None), bytes, dict})
 
 
 def _pack_item(value: Any) -> bytes:
     if isinstance(value, Raw):
         return bytes(value)
-    if isinstance(value, list | tuple) and any(isinstance(v, Raw | list | tuple) for v in value):
+    if isinstance(value, list | tuple):
         return pack_array(value)
     return pack(value)

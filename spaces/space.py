@@ -226,15 +226,22 @@ class Space:
         txn: lmdb.Transaction | None = None,
     ) -> list[bytes]:
         """Tuples (msgpack bytes) in index order."""
-        index = self.index(iid)
-        index.check_iterator(iterator, key)
-        index.check_key(key, exact=False)
+        index = self.indexes.get(iid)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
+        if iterator == it.EQ and index.unique and len(key) == index.part_count:
+            index.check_key(key, exact=False)
+            if None not in key:  # a unique lookup: one get, no cursor
+                if limit <= 0 or offset:
+                    return []
+                found = self._get(index, key, txn or self.storage.reader())
+                return [found] if found is not None else []
+        else:
+            index.check_iterator(iterator, key)
+            index.check_key(key, exact=False)
         if limit <= 0:
             return []
         txn = txn or self.storage.reader()
-        if iterator == it.EQ and index.unique and len(key) == index.part_count and None not in key:
-            found = self._get(index, key, txn)
-            return [found] if found is not None and offset == 0 else []
         out: list[bytes] = []
         for raw in self._iterate(index, iterator, key, txn):
             if offset:
@@ -429,10 +436,12 @@ class Space:
             raise BoxError(ER.NO_SUCH_SPACE, self.name)
 
     def _entries(self, fields: list[Any], pk: bytes) -> list[tuple[Index, bytes, bool]]:
-        out = []
-        for index in self.indexes.values():
+        """Each index's entry for this tuple, primary first; ``pk`` is its encoded primary key."""
+        stored_form = keys.stored_form
+        out = [(self.primary, stored_form(pk), True)]
+        for index in self.secondaries:
             full, unique_form = index.entry_key(fields, pk)
-            out.append((index, keys.stored_form(full), unique_form))
+            out.append((index, stored_form(full), unique_form))
         return out
 
     def _find(self, txn: lmdb.Transaction, index: Index, encoded: bytes) -> tuple[bytes, bytes, list[Any]] | None:

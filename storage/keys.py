@@ -22,7 +22,7 @@ import hashlib
 import math
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 TAG_NIL = 0x05
@@ -99,7 +99,13 @@ def _escaped(data: bytes) -> bytes:
 def encode_part(value: Any) -> bytes:
     """Encode one key part; raises ``TypeError`` for values no index can hold."""
     t = type(value)
-    if t is int or t is float:
+    if t is int:
+        if 0 <= value <= _EXACT_INT:  # the common case, inlined: a non-negative double's bits
+            b = bytearray(_D.pack(value))
+            b[0] |= 0x80
+            return b"\x20" + b + b"\x00"
+        return encode_number(value)
+    if t is float:
         return encode_number(value)
     if t is str:
         return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
@@ -120,8 +126,10 @@ def encode_part(value: Any) -> bytes:
     raise TypeError(f"{t.__name__} cannot be part of a key")
 
 
-def encode(parts: Iterable[Any]) -> bytes:
+def encode(parts: Sequence[Any]) -> bytes:
     """Encode a (possibly partial) key."""
+    if len(parts) == 1:
+        return encode_part(parts[0])
     return b"".join([encode_part(p) for p in parts])
 
 
