@@ -3,9 +3,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+NODE_STAMP := $(VENV)/node/.installed
+
 .PHONY: install run test lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(NODE_STAMP)
 
 # Reinstall only when the project metadata changes; the project is installed
 # editable, so source edits need no reinstall.
@@ -14,6 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $(STAMP)
+
+# The Node connector, for its compatibility test; skipped quietly where npm is missing.
+$(NODE_STAMP): $(STAMP)
+	@if command -v npm >/dev/null 2>&1; then \
+		timeout 300 npm install --silent --no-audit --no-fund --prefix $(VENV)/node tarantool-driver@3.1.0 \
+		&& touch $(NODE_STAMP) || echo "npm install failed: the Node connector test will be skipped"; \
+	else echo "npm not found: the Node connector test will be skipped"; fi
 
 run: install
 	$(BIN)/boxqueue serve --config conf/boxqueue.toml

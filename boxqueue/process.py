@@ -161,3 +161,15 @@ class Server:
             self.ports.iproto = await start(cfg.listen, False)
         if cfg.read_only_listen is not None:
             self.ports.read_only = await start(cfg.read_only_listen, True)
+        not_yet = [
+            name
+            for name, present in (
+                ("the admin console (iproto.admin_listen)", cfg.admin_listen is not None),
+                ("the Deckard facade ([deckard])", self.config.deckard is not None),
+                ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
+                ("the Sonya facade ([sonya])", self.config.sonya is not None),
+            )
+            if present
+        ]
+        for name in not_yet:
+            log.warning("%s is configured but not served by this version", name)

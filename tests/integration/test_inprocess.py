@@ -123,3 +123,29 @@ async def test_a_slow_call_does_not_hold_up_a_fast_request(running):
         header, body = await read_response(stream, buf)
     assert header[1] == 1 and body[0x30] == ["slow"]
     await stream.aclose()
+
+
+async def test_ddl_bumps_the_schema_version_and_shows_in_the_views(running):
+    server, port = running
+    stream = await connect(port)
+    buf = bytearray()
+    await stream.send_all(frame({0: 64, 1: 1}))
+    before = (await read_response(stream, buf))[0][5]
+    space, created = await server.catalog.create_space("fresh")
+    assert created
+    await server.catalog.create_index(space, "pk", parts=[[0, "string"]])
+    await stream.send_all(frame({0: 64, 1: 2}))
+    after = (await read_response(stream, buf))[0][5]
+    assert after >= before + 2
+    await stream.send_all(frame({0: 1, 1: 3}, {0x10: 281, 0x11: 2, 0x12: 1, 0x14: 0, 0x20: ["fresh"]}))
+    header, body = await read_response(stream, buf)
+    assert header[0] == 0 and body[0x30][0][:3] == [space.id, 1, "fresh"]
+    # a request still carrying the old version is told to reload
+    await stream.send_all(frame({0: 64, 1: 4, 5: before}))
+    header, _ = await read_response(stream, buf)
+    assert header[0] == 0x8000 | 109 and header[5] == after
+    await server.catalog.drop_space(space)
+    await stream.send_all(frame({0: 1, 1: 5}, {0x10: space.id, 0x12: 1}))
+    header, body = await read_response(stream, buf)
+    assert header[0] == 0x8000 | 36
+    await stream.aclose()

@@ -302,3 +302,73 @@ def test_session_ids_are_positive_and_distinct(server):
         ids.add(c.call("box.session.id").data[0])
         c.close()
     assert len(ids) == 5 and min(ids) > 0
+
+
+@ours
+def test_a_tarantool_15_cfg_alone(tmp_path):
+    """`boxqueue serve --config x.cfg`: the 1.5 ports, and space 0 from its `space = [...]`."""
+    from tests.serverproc import free_port, wait_for_greeting
+
+    port, ro_port = free_port(), free_port()
+    cfg = tmp_path / "queue.cfg"
+    cfg.write_text(
+        f"primary_port = {port}\nsecondary_port = {ro_port}\nslab_alloc_arena = 0.1\n"
+        "space[0].enabled = 1\n"
+        'space[0].index[0].type = "HASH"\nspace[0].index[0].unique = 1\n'
+        'space[0].index[0].key_field[0].fieldno = 0\nspace[0].index[0].key_field[0].type = "STR"\n'
+        'space[0].index[1].type = "TREE"\nspace[0].index[1].unique = 0\n'
+        'space[0].index[1].key_field[0].fieldno = 1\nspace[0].index[1].key_field[0].type = "NUM64"\n'
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(cfg)],
+                            stderr=subprocess.PIPE)
+    try:
+        wait_for_greeting(port, 30, proc)
+        c = tarantool.connect("127.0.0.1", port)
+        assert c.insert(0, ("k", 5)).data == [["k", 5]]
+        assert c.select(0, [5], index=1).data == [["k", 5]]
+        [row] = c.select(289, [0, 1])
+        assert row[2:4] == ["i1", "tree"] and [list(p) for p in row[5]] == [[1, "unsigned"]]
+        c.close()
+        ro = tarantool.connect("127.0.0.1", ro_port)
+        with pytest.raises(DatabaseError) as err:
+            ro.insert(0, ("j", 1))
+        assert err.value.args[0] == 7
+        ro.close()
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert (tmp_path / "data").is_dir()
+
+
+@ours
+def test_port_in_use_is_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:{port}"\n')
+        proc = subprocess.run([sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(cfg)],
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "cannot listen" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@ours
+def test_a_second_process_on_the_same_data_dir_is_refused(fresh_server):
+    import subprocess
+    import sys
+
+    fresh_server.start()
+    other = fresh_server.workdir / "other.toml"
+    other.write_text('data_dir = "data"\n[iproto]\nlisten = "127.0.0.1:0"\n')
+    proc = subprocess.run([sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(other)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "in use by another boxqueue process" in proc.stderr
