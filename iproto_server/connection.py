@@ -1,9 +1,10 @@
 """One client connection: read requests, answer them by sync as they finish.
 
-The receive loop decodes requests and answers the quick ones inline; requests that wait (writes,
-calls) run as tasks in the connection's nursery, at most ``max_inflight`` at a time — when all
-slots are busy the loop stops reading, which pushes back on the client instead of growing memory.
-Responses are queued and written by one sender task, so pipelined answers go out in few writes.
+The receive loop decodes requests and answers the quick ones inline, writing the answers to a
+whole chunk of pipelined requests in one send. Writes wait for their commit and answer from its
+callback; calls that may block run as tasks in the connection's nursery. At most ``max_inflight``
+requests wait at a time: when all slots are busy the loop stops reading, which pushes back on the
+client instead of growing memory. A sender task writes the answers that arrive later.
 
 When the client goes away, its pending requests are cancelled (writes already queued still commit)
 and the session's disconnect callbacks run. On server shutdown the connection stops reading, lets
@@ -25,7 +26,6 @@ from iproto_server.session import Session
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024  # under malloc's mmap threshold: a bigger buffer costs an mmap per read
-OUTPUT_HIGH_WATER = 8 * 1024 * 1024
 
 
 class Connection:
@@ -47,7 +47,6 @@ class Connection:
         self.inflight = 0
         self._slot_freed = trio.Event()
         self._out: list[bytes] = []
-        self._out_bytes = 0
         self._output_ready = trio.Event()
         self._drained = trio.Event()
         self._reading = trio.CancelScope()
@@ -86,13 +85,18 @@ class Connection:
 
     async def _receive_loop(self, nursery: trio.Nursery) -> bool:
         """Returns True when the client closed the connection."""
-        stream = self.stream
+        receive = self.stream.receive_some
         decoder = self.decoder
+        next_event = decoder.next_event
         dispatcher = self.dispatcher
+        handle = dispatcher.handle
         session = self.session
+        reply_later = self._reply_later
+        out = self._out
+        request_type = codec.Request
         while True:
             try:
-                data = await stream.receive_some(RECEIVE_SIZE)
+                data = await receive(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return True
             if not data:
@@ -100,37 +104,39 @@ class Connection:
             decoder.feed(data)
             while True:
                 try:
-                    event = decoder.next_event()
+                    event = next_event()
                 except codec.FramingError as exc:
-                    self._emit(dispatcher.error(0, exc.error))
+                    out.append(dispatcher.error(0, exc.error))
+                    self._output_ready.set()
                     return False
                 if event is None:
                     break
-                if type(event) is codec.BadRequest:
-                    self._emit(dispatcher.error(event.sync, event.error))
+                if type(event) is not request_type:
+                    out.append(dispatcher.error(event.sync, event.error))
                     continue
-                result = dispatcher.handle(session, event, self._reply_later)
+                result = handle(session, event, reply_later)
                 if type(result) is bytes:
-                    self._emit(result)
+                    out.append(result)
                     continue
                 self.inflight += 1
                 if result is not None:
                     nursery.start_soon(self._run, result)
                 while self.inflight >= self.max_inflight:
+                    self._output_ready.set()  # let the sender answer what is ready meanwhile
                     self._slot_freed = trio.Event()
                     await self._slot_freed.wait()
-            if self._out and not self._sending:
-                # Answer this chunk's quick requests now, without waking the sender task.
+            if out and not self._sending:
+                # Answer this chunk's quick requests now, without waking the sender task; a full
+                # socket buffer blocks here, which stops reading: the client is pushed back.
                 try:
                     await self._send_pending()
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return True
-            if self._out_bytes > OUTPUT_HIGH_WATER:
-                await self._flush()
 
     def _reply_later(self, packet: bytes) -> None:
         """The answer to a request that was left pending (a write waiting for its commit)."""
-        self._emit(packet)
+        self._out.append(packet)
+        self._output_ready.set()
         self._release()
 
     def _release(self) -> None:
@@ -139,34 +145,31 @@ class Connection:
 
     async def _run(self, pending: Coroutine[Any, Any, bytes]) -> None:
         try:
-            self._emit(await pending)
+            self._out.append(await pending)
+            self._output_ready.set()
         finally:
             self._release()
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _emit(self, packet: bytes) -> None:
-        self._out.append(packet)
-        self._out_bytes += len(packet)
-        self._output_ready.set()
-
     async def _flush(self) -> None:
-        while self._out_bytes:
+        while self._out or self._sending:
+            self._output_ready.set()
             self._drained = trio.Event()
             await self._drained.wait()
 
     async def _send_pending(self) -> None:
         """Write everything queued; only one task sends at a time (``_sending``)."""
+        out = self._out
         self._sending = True
         try:
-            while self._out:
-                data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-                self._out.clear()
+            while out:
+                data = b"".join(out) if len(out) > 1 else out[0]
+                out.clear()
                 await self.stream.send_all(data)
-                self._out_bytes -= len(data)
         finally:
             self._sending = False
-            if not self._out:
+            if not out:
                 self._drained.set()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
@@ -180,6 +183,5 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # The client is gone: nothing more can be answered.
             self._out.clear()
-            self._out_bytes = 0
             self._drained.set()
             scope.cancel()
