@@ -19,10 +19,9 @@ from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.msgpack_values import Raw
 from spaces.procedures import Procedures
-from spaces.space import INSERT, REPLACE, Space
+from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
 from spaces.update import parse_ops
-from storage.environment import StorageError
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,9 @@ from spaces.msgpack_values import pack, unpack
 from spaces.update import UpdateOp, apply_ops
 from storage import keys
 from storage.commit import GroupCommitter
-from storage.environment import Storage
+from storage.environment import Storage, StorageError
+
+__all__ = ["INSERT", "REPLACE", "Index", "IndexLookup", "Space", "StorageError", "decode_tuple"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,27 @@ class Index:
                 raise BoxError(ER.PARTIAL_KEY, "HASH", self.part_count, len(key))
 
 
-class Space:
+class IndexLookup:
+    """Index lookups by id and by name, with Tarantool's errors (data spaces and system views)."""
+
+    name: str
+    indexes: dict[int, Index]
+    index_by_name: dict[str, Index]
+
+    def index(self, iid: int) -> Index:
+        index = self.indexes.get(iid)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
+        return index
+
+    def index_named(self, name: str) -> Index:
+        index = self.index_by_name.get(name)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_NAME, name, self.name)
+        return index
+
+
+class Space(IndexLookup):
     """Tuples of one user space, with their indexes."""
 
     def __init__(
@@ -179,18 +201,6 @@ class Space:
             for no, (t, nullable) in sorted(types.items())
             if not (t == fieldtypes.ANY and nullable)
         ]
-
-    def index(self, iid: int) -> Index:
-        index = self.indexes.get(iid)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
-        return index
-
-    def index_named(self, name: str) -> Index:
-        index = self.index_by_name.get(name)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_NAME, name, self.name)
-        return index
 
     def _primary(self) -> Index:
         if self.primary is None:
@@ -365,24 +375,22 @@ class Space:
         return write
 
     def prepare_delete(self, iid: int, key: list[Any]) -> WriteFn:
-        index = self.index(iid)
-        index.check_key(key, exact=True)
-        encoded = keys.encode(key)
-
-        def write(txn: lmdb.Transaction) -> bytes | None:
-            self._check_alive()
-            found = self._find(txn, index, encoded)
-            if found is None:
-                return None
-            _pk_stored, raw, fields = found
+        def delete(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
             pk = keys.encode(self._primary().key_of(fields))
-            for idx, stored, _unique in self._entries(fields, pk):
-                txn.delete(stored, db=idx.db)
+            for index, stored, _unique in self._entries(fields, pk):
+                txn.delete(stored, db=index.db)
             return raw
 
-        return write
+        return self._prepare_by_key(iid, key, delete)
 
     def prepare_update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> WriteFn:
+        def update(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
+            return self._apply_update(txn, pk_stored, fields, ops)
+
+        return self._prepare_by_key(iid, key, update)
+
+    def _prepare_by_key(self, iid: int, key: list[Any], action: Callable[..., bytes]) -> WriteFn:
+        """A write on the tuple a full unique key names; ``None`` when there is none."""
         index = self.index(iid)
         index.check_key(key, exact=True)
         encoded = keys.encode(key)
@@ -390,10 +398,7 @@ class Space:
         def write(txn: lmdb.Transaction) -> bytes | None:
             self._check_alive()
             found = self._find(txn, index, encoded)
-            if found is None:
-                return None
-            pk_stored, _raw, fields = found
-            return self._apply_update(txn, pk_stored, fields, ops)
+            return None if found is None else action(txn, *found)
 
         return write
 

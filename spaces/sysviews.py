@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from errcodes import ER, BoxError
 from spaces import access as acl
 from spaces import iterators as it
 from spaces.definitions import FieldDef, IndexDef, PartDef, SpaceDef
 from spaces.msgpack_values import pack
-from spaces.space import Index
+from spaces.space import Index, IndexLookup
 from storage import keys
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ _VIEWS: list[tuple[int, str, str, tuple[FieldDef, ...], Callable[[int], list[Ind
 ]
 
 
-class SystemView:
+class SystemView(IndexLookup):
     """One system space: read-only, rows computed from the catalogue."""
 
     def __init__(self, views: SystemViews, sid: int, name: str, engine: str, fmt: tuple[FieldDef, ...],
@@ -96,18 +95,6 @@ class SystemView:
         self.index_by_name = {i.name: i for i in self.indexes.values()}
         self.field_names = {f.name: i for i, f in enumerate(fmt)}
         self.primary = self.indexes[0]
-
-    def index(self, iid: int) -> Index:
-        index = self.indexes.get(iid)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
-        return index
-
-    def index_named(self, name: str) -> Index:
-        index = self.index_by_name.get(name)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_NAME, name, self.name)
-        return index
 
     def select(self, iid: int, iterator: int, key: list[Any], offset: int = 0, limit: int = 0xFFFFFFFF,
                user: acl.User | None = None) -> list[bytes]:
