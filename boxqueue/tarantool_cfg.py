@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from boxqueue.config import (
+from boxqueue.config_rules import default_index_name, dotted, index_problem, listener_clash, show
+from boxqueue.config_types import (
     INDEX_TYPES,
     Address,
     ConfigError,
@@ -32,12 +33,7 @@ from boxqueue.config import (
     Key,
     PartConfig,
     SpaceConfig,
-    default_index_name,
-    dotted,
-    index_problem,
-    listener_clash,
     read_text,
-    show,
 )
 from spaces import fieldtypes
 

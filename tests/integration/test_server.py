@@ -401,7 +401,7 @@ def test_a_client_that_never_reads_is_pushed_back(fresh_server):
         for _ in range(2000):  # up to ~100 MB of requests, each answered with ~23 KB
             greedy.sock.sendall(chunk)
             sent += len(chunk)
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         pass
     assert sent < 2000 * len(chunk), "the server kept reading without pushing back"
     assert conn.ping(notime=True) == "Success"
