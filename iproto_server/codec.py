@@ -277,7 +277,6 @@ def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> byte
 
 
 EMPTY_BODY = b"\x80"
-EMPTY_DATA_BODY = b"\x81\x30\x90"
 EMPTY_TUPLES_BODY = b"\x81\x30\xdd\x00\x00\x00\x00"
 
 

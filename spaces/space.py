@@ -74,10 +74,6 @@ class Index:
         self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
         self.db: Any = None
 
-    @property
-    def type_name(self) -> str:
-        return self.defn.type
-
     def key_of(self, fields: list[Any]) -> list[Any]:
         n = len(fields)
         return [fields[f] if f < n else None for f in self.fieldnos]

@@ -92,11 +92,6 @@ class Storage:
     def forget_db(self, name: bytes) -> None:
         self._dbs.pop(name, None)
 
-    def list_dbs(self, txn: lmdb.Transaction) -> set[bytes]:
-        main = self.env.open_db(None, txn=txn, create=False)
-        with txn.cursor(db=main) as cur:
-            return {k for k, _ in cur}
-
     # -- reading -----------------------------------------------------------------------------
 
     def reader(self) -> lmdb.Transaction:

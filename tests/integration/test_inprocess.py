@@ -149,3 +149,23 @@ async def test_ddl_bumps_the_schema_version_and_shows_in_the_views(running):
     header, body = await read_response(stream, buf)
     assert header[0] == 0x8000 | 36
     await stream.aclose()
+
+
+async def test_alter_space_checks_existing_tuples_and_renames(running):
+    from errcodes import BoxError
+    from spaces.definitions import parse_format
+
+    server, _port = running
+    catalog = server.catalog
+    space, _ = await catalog.create_space("alterme")
+    await catalog.create_index(space, "pk", parts=[[0, "unsigned"]])
+    await space.insert(None, [1, "one"])
+    with pytest.raises(BoxError) as err:
+        await catalog.alter_space(space, format=parse_format([{"name": "id"}, {"name": "n", "type": "unsigned"}]))
+    assert err.value.code == 23
+    await catalog.alter_space(space, name="altered", format=parse_format([["id", "unsigned"], ["name", "string"]]))
+    assert catalog.space("altered") is space and "alterme" not in catalog.by_name
+    assert [f.name for f in space.defn.format] == ["id", "name"]
+    with pytest.raises(BoxError) as err:
+        parse_format([{"name": "a"}, {"name": "a"}])
+    assert "duplicate field name" in err.value.message
