@@ -22,6 +22,7 @@ import trio
 from iproto_server import codec
 from iproto_server.dispatch import Dispatcher
 from iproto_server.session import Session
+from iproto_server.socket_io import DirectSocket
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Connection:
         self.dispatcher = dispatcher
         self.session = session
         self.greeting = greeting
+        self.io = DirectSocket(stream)
         self.decoder = codec.RequestDecoder(max_packet)
         self.max_inflight = max_inflight
         self.inflight = 0
@@ -79,13 +81,15 @@ class Connection:
         finally:
             with trio.CancelScope(shield=True):
                 await self.session.close()
+                self.io.detach()
                 await self.stream.aclose()
 
     # -- receiving -----------------------------------------------------------------------------
 
     async def _receive_loop(self, nursery: trio.Nursery) -> bool:
         """Returns True when the client closed the connection."""
-        receive = self.stream.receive_some
+        receive = self.io.receive
+        checkpoint = trio.lowlevel.checkpoint
         decoder = self.decoder
         next_event = decoder.next_event
         dispatcher = self.dispatcher
@@ -95,9 +99,10 @@ class Connection:
         out = self._out
         request_type = codec.Request
         while True:
+            await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
                 data = await receive(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            except OSError:
                 return True
             if not data:
                 return True
@@ -166,7 +171,7 @@ class Connection:
             while out:
                 data = b"".join(out) if len(out) > 1 else out[0]
                 out.clear()
-                await self.stream.send_all(data)
+                await self.io.send_all(data)
         finally:
             self._sending = False
             if not out:

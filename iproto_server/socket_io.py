@@ -1,0 +1,50 @@
+"""Socket reads and writes that go through trio's scheduler only when the socket is not ready.
+
+``trio.SocketStream`` yields to the scheduler on every call, even when the data is already there:
+that is trio's guarantee of fairness, and it costs a task switch or two per read and per write.
+A connection that answers pipelined requests reads and writes once per chunk, so this adapter
+calls the socket directly and waits through ``trio.lowlevel`` only when the socket would block.
+The caller keeps fairness by checkpointing once per chunk it handles.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+
+
+class DirectSocket:
+    """A second Python socket object on the stream's file descriptor (never closes it)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._sock = socket.socket(fileno=stream.socket.fileno())
+        self._sock.setblocking(False)
+
+    async def receive(self, max_bytes: int) -> bytes:
+        sock = self._sock
+        while True:
+            try:
+                return sock.recv(max_bytes)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+
+    async def send_all(self, data: bytes) -> None:
+        sock = self._sock
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return
+        view = memoryview(data)
+        while sent < len(view):
+            await trio.lowlevel.wait_writable(sock)
+            try:
+                sent += sock.send(view[sent:])
+            except BlockingIOError:
+                pass
+
+    def detach(self) -> None:
+        """Forget the descriptor; the trio stream closes it."""
+        self._sock.detach()
