@@ -282,6 +282,8 @@ EMPTY_TUPLES_BODY = b"\x81\x30\xdd\x00\x00\x00\x00"
 
 def data_body_from_tuples(tuples: list[bytes]) -> bytes:
     """``{DATA: [...]}`` from tuples that are already msgpack bytes (array32, as Tarantool)."""
+    if len(tuples) == 1:
+        return b"\x81\x30\xdd\x00\x00\x00\x01" + tuples[0]
     return b"\x81\x30\xdd" + len(tuples).to_bytes(4, "big") + b"".join(tuples)
 
 

@@ -57,6 +57,12 @@ def _both(raw: bytes | None, fields: list[Any] | None) -> tuple[bytes, list[Any]
     return raw, decode_tuple(raw) if fields is None else fields
 
 
+_FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
+    fieldtypes.UNSIGNED: keys.encode_unsigned_key,
+    fieldtypes.STRING: keys.encode_string_key,
+}
+
+
 class Index:
     """One index of a space: key extraction, key checks and scans."""
 
@@ -72,6 +78,11 @@ class Index:
         self.part_count = len(defn.parts)
         self.has_nullable = any(p.is_nullable for p in defn.parts)
         self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
+        # For the commonest lookup, a unique one-part key: value -> stored key, or None to take
+        # the general path (which also validates).
+        self.fast_key: Callable[[Any], bytes | None] | None = None
+        if self.unique and self.part_count == 1 and not self.has_nullable:
+            self.fast_key = _FAST_KEYS.get(defn.parts[0].type)
         self.db: Any = None
 
     def key_of(self, fields: list[Any]) -> list[Any]:
@@ -235,6 +246,14 @@ class Space(IndexLookup):
         index = self.indexes.get(iid)
         if index is None:
             raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
+        fast_key = index.fast_key
+        if fast_key is not None and iterator == 0 and len(key) == 1 and limit > 0 and not offset:
+            stored = fast_key(key[0])
+            if stored is not None:  # a well-typed unique key: one get
+                found = (txn or self.storage.reader()).get(stored, db=index.db)
+                if found is not None and iid:
+                    found = (txn or self.storage.reader()).get(found, db=self.primary.db)
+                return [] if found is None else [found]
         if iterator == it.EQ and index.unique and len(key) == index.part_count:
             index.check_key(key, exact=False)
             if None not in key:  # a unique lookup: one get, no cursor

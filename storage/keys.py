@@ -126,6 +126,25 @@ def encode_part(value: Any) -> bytes:
     raise TypeError(f"{t.__name__} cannot be part of a key")
 
 
+def encode_unsigned_key(value: Any) -> bytes | None:
+    """The stored key of a one-part key holding a non-negative int, or None for anything else
+    (the caller then takes the general path, which also reports type errors)."""
+    if type(value) is int and 0 <= value <= _EXACT_INT:
+        b = bytearray(_D.pack(value))
+        b[0] |= 0x80
+        return b"\x20" + b + b"\x00"
+    return None
+
+
+def encode_string_key(value: Any) -> bytes | None:
+    """The stored key of a one-part key holding a str short enough not to be cut, else None."""
+    if type(value) is str:
+        data = value.encode("utf-8", "surrogateescape")
+        if len(data) < MAX_EXACT // 2:
+            return b"\x30" + data.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+    return None
+
+
 def encode(parts: Sequence[Any]) -> bytes:
     """Encode a (possibly partial) key."""
     if len(parts) == 1:

@@ -115,3 +115,20 @@ def test_composite_keys_order_part_by_part(a, b):
     ra, rb = [rank(v) for v in a], [rank(v) for v in b]
     ka, kb = keys.encode(a), keys.encode(b)
     assert (ka < kb) == (ra < rb)
+
+
+@given(st.integers(min_value=-10, max_value=2**64 - 1))
+def test_fast_unsigned_key_matches_the_general_encoding(value):
+    fast = keys.encode_unsigned_key(value)
+    if fast is not None:
+        assert fast == keys.stored_form(keys.encode([value]))
+    else:
+        assert value < 0 or value > 2**53
+
+
+@given(st.text())
+def test_fast_string_key_matches_the_general_encoding(value):
+    fast = keys.encode_string_key(value)
+    if fast is not None:
+        assert fast == keys.stored_form(keys.encode([value]))
+    assert keys.encode_string_key(value.encode("utf-8", "surrogatepass")) is None
