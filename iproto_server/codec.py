@@ -122,23 +122,33 @@ _U32 = struct.Struct(">I")
 
 
 class RequestDecoder:
-    """Turns a byte stream into :class:`Request` and :class:`BadRequest` events."""
+    """Turns a byte stream into :class:`Request` and :class:`BadRequest` events.
+
+    Bytes are kept twice: in a buffer that frames packets (length prefixes, completeness, the raw
+    bytes of tuples) and in one long-lived msgpack unpacker fed each chunk once, which decodes the
+    headers and bodies in place. ``_origin`` is the buffer offset of the unpacker's position 0.
+    """
 
     def __init__(self, max_packet: int = 16 * 1024 * 1024) -> None:
         self.max_packet = max_packet
         self._buf = bytearray()
         self._pos = 0
-        self._unpacker = _fast_unpacker()
+        self._unpacker = _fast_unpacker(max_packet)
+        self._origin = 0
 
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
     def feed(self, data: bytes) -> None:
-        if self._pos and self._pos == len(self._buf):
-            self._buf.clear()
+        pos = self._pos
+        if pos and (pos == len(self._buf) or pos > 65536):
+            # Drop what was framed already; buffer offsets, and the unpacker's origin, move back.
+            del self._buf[:pos]
+            self._origin -= pos
             self._pos = 0
         self._buf += data
+        self._unpacker.feed(data)
 
     def next_event(self) -> Request | BadRequest | None:
         """The next complete request, or ``None`` until more bytes arrive.
@@ -173,40 +183,44 @@ class RequestDecoder:
         if size < end:
             return None
         self._pos = end
-        packet = bytes(buf[start:end])
-        if end > 65536 and end * 2 > size:
-            del buf[:end]
-            self._pos = 0
-        # The fast path: one reused unpacker, no hooks; anything unusual is decoded again below.
+        # The fast path: the shared unpacker, positioned at this packet's length prefix.
         unpacker = self._unpacker
-        base = unpacker.tell()
-        unpacker.feed(packet)
+        origin = self._origin
         try:
+            unpacker.skip()  # the length prefix, already read above
             header = unpacker.unpack()
             rtype = header.get(REQUEST_TYPE, 0)
             tuple_raw = None
-            if unpacker.tell() - base == length:
+            if origin + unpacker.tell() == end:
                 body: Any = {}
             elif rtype in _KEEP_RAW_TUPLE:
-                body, tuple_raw = _body_keeping_tuple(unpacker, packet, base)
+                body, tuple_raw = _body_keeping_tuple(unpacker, buf, -origin)
             else:
                 body = unpacker.unpack()
-            if unpacker.tell() - base == length and type(body) is dict:
+            if origin + unpacker.tell() == end and type(body) is dict:
                 sync = header.get(SYNC, 0)
                 version = header.get(SCHEMA_VERSION, 0)
                 if type(sync) is int and sync >= 0 and type(rtype) is int and type(version) is int:
                     return Request(rtype, sync, version, body, tuple_raw, header.get(STREAM_ID, 0))
         except Exception:
             pass
-        # A malformed packet may leave the shared unpacker mid-value; start a clean one and
-        # decode this packet again on its own, keeping maps with unhashable keys as pairs.
-        self._unpacker = _fast_unpacker()
+        # Something unusual: decode this packet on its own (maps with unhashable keys kept as
+        # pairs, precise errors), and restart the shared unpacker at the next packet.
+        packet = bytes(buf[start:end])
+        self._unpacker = unpacker = _fast_unpacker(self.max_packet)
+        unpacker.feed(bytes(buf[end:]))
+        self._origin = end
         return decode_packet(packet)
 
 
-def _fast_unpacker() -> msgpack.Unpacker:
+def _fast_unpacker(max_packet: int) -> msgpack.Unpacker:
+    # It never holds more than one unfinished packet and one received chunk.
     return msgpack.Unpacker(
-        raw=False, unicode_errors="surrogateescape", strict_map_key=False, ext_hook=ext_hook
+        raw=False,
+        unicode_errors="surrogateescape",
+        strict_map_key=False,
+        ext_hook=ext_hook,
+        max_buffer_size=2 * max_packet + (1 << 20),
     )
 
 
@@ -247,8 +261,10 @@ def decode_packet(packet: bytes) -> Request | BadRequest:
 
 
 def _body_keeping_tuple(
-    unpacker: msgpack.Unpacker, packet: bytes, base: int
+    unpacker: msgpack.Unpacker, data: bytes | bytearray, base: int
 ) -> tuple[dict[int, Any], bytes | None]:
+    """Decode a body map, also returning TUPLE's bytes: ``data[unpacker.tell() - base]`` is where
+    the unpacker stands."""
     body: dict[int, Any] = {}
     tuple_raw = None
     for _ in range(unpacker.read_map_header()):
@@ -256,7 +272,7 @@ def _body_keeping_tuple(
         if key == TUPLE:
             start = unpacker.tell() - base
             body[key] = unpacker.unpack()
-            tuple_raw = packet[start : unpacker.tell() - base]
+            tuple_raw = bytes(data[start : unpacker.tell() - base])
         else:
             body[key] = unpacker.unpack()
     return body, tuple_raw

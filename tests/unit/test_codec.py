@@ -157,3 +157,42 @@ def test_console_greeting_layout():
     data = console_greeting()
     assert len(data) == 128
     assert data.split(b"\n")[0].rstrip().endswith(b"(Lua console)")
+
+
+def test_long_stream_in_random_chunks_keeps_every_tuple_exact():
+    import random
+
+    rng = random.Random(7)
+    packets, expected = [], []
+    for i in range(3000):
+        raw_tuple = msgpack.packb([i, "v" * rng.randrange(0, 200)])
+        body = b"\x82\x10\xcd\x02\x00\x21" + raw_tuple
+        header = msgpack.packb({0: codec.REPLACE, 1: i})
+        packets.append(b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body)
+        expected.append((i, raw_tuple))
+    stream = b"".join(packets)
+    decoder = codec.RequestDecoder()
+    got = []
+    pos = 0
+    while pos < len(stream):
+        step = rng.randrange(1, 9000)
+        decoder.feed(stream[pos : pos + step])
+        pos += step
+        while (event := decoder.next_event()) is not None:
+            got.append((event.sync, event.tuple_raw))
+    assert got == expected
+    assert decoder.buffered == 0
+
+
+def test_a_malformed_packet_between_good_ones():
+    good = frame({0: codec.PING, 1: 1})
+    bad = frame({0: codec.SELECT, 1: 2}, [1, 2])  # body is not a map
+    unhashable = b"\x92\x01\x81\x91\x01\xa1x"  # [1, {[1]: 'x'}]: a map key Python cannot hash
+    body = b"\x82\x10\xcd\x02\x00\x21" + unhashable
+    header = msgpack.packb({0: codec.INSERT, 1: 3})
+    odd = b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body
+    reqs = events(good + bad + odd + good)
+    assert [type(r).__name__ for r in reqs] == ["Request", "BadRequest", "Request", "Request"]
+    assert reqs[1].sync == 2
+    assert reqs[2].tuple_raw == unhashable
+    assert reqs[2].body[0x21][1].pairs == [([1], "x")]
