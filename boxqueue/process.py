@@ -24,6 +24,8 @@ from spaces.procedures import Procedures
 from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
+from tubes import box_queue
+from tubes.engine import QueueEngine
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +127,12 @@ class Server:
                 max_packet=config.iproto.max_packet_bytes,
                 max_inflight=config.iproto.max_inflight_per_connection,
             )
+            engine = self.engine = QueueEngine(catalog)
+            box_queue.register(procedures, engine)
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await create_configured_spaces(catalog, config.spaces)
+                await root.start(engine.run)
                 if self.handle_signals:
                     root.start_soon(self._watch_signals)
                 async with trio.open_nursery() as connections:

@@ -404,6 +404,26 @@ class Space(IndexLookup):
 
         return self._prepare_by_key(iid, key, update)
 
+    def prepare_transform(self, key: list[Any], transform: Callable[[bytes], bytes]) -> WriteFn:
+        """Read-modify-write by primary key: ``transform(stored tuple) -> new tuple`` runs inside
+        the write transaction, so it sees every write queued before it. The new tuple is checked
+        like any replace (format, unique indexes, unchanged primary key). ``None`` if no tuple."""
+
+        def rewrite(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
+            primary = self._primary()
+            new_raw = transform(raw)
+            new_fields = decode_tuple(new_raw)
+            pk = keys.encode(primary.key_of(fields))
+            if keys.encode(primary.key_of(new_fields)) != pk:
+                raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+            self.check_tuple(new_fields)
+            new_entries = self._entries(new_fields, pk)
+            self._check_unique(txn, new_entries, pk_stored)
+            self._store(txn, new_raw, new_entries, self._entries(fields, pk))
+            return new_raw
+
+        return self._prepare_by_key(0, key, rewrite)
+
     def _prepare_by_key(self, iid: int, key: list[Any], action: Callable[..., bytes]) -> WriteFn:
         """A write on the tuple a full unique key names; ``None`` when there is none."""
         index = self.index(iid)

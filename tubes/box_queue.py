@@ -1,0 +1,213 @@
+"""The Tarantool 1.5 ``box.queue`` API on the tube engine: argument coercion, defaults, counters,
+error texts and return shapes of the original module (``../shared/specs/box_queue.md``).
+
+Every function is registered as ``box.queue.<fn>`` and ``queue.<fn>`` (D1). The consumer of a
+take is the caller's session; its tasks go back to ready when the session ends (D11).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spaces.procedures import CallContext, Procedures
+from tubes.engine import QueueEngine, proc_error
+from tubes.numbers import tonumber
+from tubes.task import rettask
+
+DEFAULT_TTL = 2_160_000  # seconds (25 days)
+DEFAULT_TTR = 60
+TIMEOUT_INFINITY = 31_536_000
+US = 1_000_000
+
+
+def _number(value: Any, name: str, fn: str) -> int | float:
+    number = tonumber(value)
+    if number is None:
+        shown = "nil" if value is None else repr(value)
+        raise proc_error(f"bad argument '{name}' to queue.{fn}: a number is required, got {shown}")
+    return number
+
+
+def _tube(value: Any, fn: str) -> str:
+    if not isinstance(value, str):
+        raise proc_error(f"bad argument 'tube' to queue.{fn}: a string is required")
+    return value
+
+
+def _us(seconds: int | float) -> int:
+    return int(seconds * US)
+
+
+def _stored_pri(pri: int | float) -> int:
+    """D2: higher pri is taken sooner; stored inverted around 127."""
+    return int(255 - min(max(pri + 127, 0), 255))
+
+
+class BoxQueue:
+    """The procedures, bound to one engine."""
+
+    def __init__(self, engine: QueueEngine) -> None:
+        self.engine = engine
+        self._bound_sessions: set[int] = set()
+        self._restart_checked: set[tuple[int, str]] = set()
+
+    def register(self, procedures: Procedures) -> None:
+        writes = {
+            "put", "urgent", "put_unique", "take", "ack", "touch", "done", "bury", "dig", "unbury",
+            "kick", "release", "requeue", "delete", "truncate",
+        }
+        reads = {"meta", "peek", "statistics", "restart_check"}
+        for name in sorted(writes | reads):
+            fn = getattr(self, name)
+            for prefix in ("box.queue.", "queue."):
+                procedures.register(prefix + name, fn, writes=name in writes)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _space(self, value: Any) -> int:
+        number = tonumber(value)
+        space_id = int(number) if number is not None and number == int(number) else value
+        self.engine.space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
+        return space_id
+
+    def _consumer(self, ctx: CallContext) -> int:
+        """The caller's session, bound once so its tasks are released when it ends."""
+        sid = ctx.session_id
+        if sid not in self._bound_sessions:
+            self._bound_sessions.add(sid)
+
+            async def released() -> None:
+                self._bound_sessions.discard(sid)
+                await self.engine.release_consumer(sid)
+
+            ctx.on_disconnect(released)
+        return sid
+
+    def _put_args(self, fn: str, delay: Any, ttl: Any, ttr: Any, pri: Any) -> dict[str, int]:
+        ttl_s = _number(ttl, "ttl", fn)  # checked in the 1.5 order: ttl, delay, ttr, pri (Q30)
+        delay_s = _number(delay, "delay", fn)
+        ttr_s = _number(ttr, "ttr", fn)
+        pri_n = _number(pri, "pri", fn)
+        return {
+            "ttl": _us(ttl_s if ttl_s > 0 else DEFAULT_TTL),
+            "delay": _us(delay_s) if delay_s > 0 else 0,
+            "ttr": _us(ttr_s if ttr_s > 0 else DEFAULT_TTR),
+            "pri": _stored_pri(pri_n),
+        }
+
+    # -- producers ---------------------------------------------------------------------------
+
+    async def put(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
+                  ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "put")
+        self.engine.tube(space_id, name).count("put")  # before the checks, as 1.5 did (Q14)
+        args = self._put_args("put", delay, ttl, ttr, pri)
+        return [rettask(await self.engine.put(space_id, name, data=list(data), **args))]
+
+    async def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
+                     ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "urgent")
+        queue_tube = self.engine.tube(space_id, name)
+        queue_tube.count("urgent")
+        args = self._put_args("urgent", delay, ttl, ttr, pri)
+        ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(queue_tube)
+        return [rettask(await self.engine.put(space_id, name, data=list(data), ipri=ipri, **args))]
+
+    async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
+                         ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "put_unique")
+        _number(delay, "delay", "put_unique")
+        if not data or data[0] is None:
+            raise proc_error("Can not put unique task without data")
+        args = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
+        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), **args)
+        if inserted:
+            self.engine.tube(space_id, name).count("put")
+        return [rettask(raw)]
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    async def take(self, ctx: CallContext, space: Any = None, tube: Any = None, timeout: Any = None) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "take")
+        seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
+        if seconds < 0:
+            raise proc_error("Timeout can't be less then 0")
+        raw = await self.engine.take(space_id, name, self._consumer(ctx), seconds)
+        return [] if raw is None else [rettask(raw)]
+
+    async def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.ack(self._space(space), task_id, ctx.session_id))]
+
+    async def touch(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.touch(self._space(space), task_id, ctx.session_id))]
+
+    async def done(self, ctx: CallContext, space: Any = None, task_id: Any = None, *data: Any) -> list[Any]:
+        return [rettask(await self.engine.done(self._space(space), task_id, ctx.session_id, list(data)))]
+
+    async def bury(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.bury(self._space(space), task_id, ctx.session_id))]
+
+    async def dig(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.dig(self._space(space), task_id))]
+
+    unbury = dig
+
+    async def kick(self, ctx: CallContext, space: Any = None, tube: Any = None, count: Any = None) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "kick")
+        number = 1 if count is None else _number(count, "count", "kick")
+        return [await self.engine.kick(space_id, name, int(number))]
+
+    async def release(self, ctx: CallContext, space: Any = None, task_id: Any = None,
+                      delay: Any = None, ttl: Any = None) -> list[Any]:
+        space_id = self._space(space)
+        delay_us = 0 if delay is None else max(_us(_number(delay, "delay", "release")), 0)
+        ttl_s = None if ttl is None else _number(ttl, "ttl", "release")
+        return [rettask(await self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s))]
+
+    async def requeue(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.requeue(self._space(space), task_id, ctx.session_id))]
+
+    async def delete(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(await self.engine.delete(self._space(space), task_id))]
+
+    async def truncate(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
+        space_id, name = self._space(space), _tube(tube, "truncate")
+        return [await self.engine.truncate(space_id, name)]
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def meta(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [self.engine.meta(self._space(space), task_id)]
+
+    def peek(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        return [rettask(self.engine.peek(self._space(space), task_id))]
+
+    def statistics(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
+        """One flat list; an unknown space or tube gives an empty one (D12, D15)."""
+        space_id = None
+        if space is not None:
+            number = tonumber(space)
+            if number is None or number != int(number):
+                return [[]]
+            space_id = int(number)
+        if tube is not None and not isinstance(tube, str):
+            return [[]]
+        return [self.engine.statistics(space_id, tube)]
+
+    def restart_check(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
+        """Recovery runs at start (D10); this only reports whether the tube was seen before."""
+        space_id, name = self._space(space), _tube(tube, "restart_check")
+        key = (space_id, name)
+        if key in self._restart_checked or key in self.engine.tubes:
+            self._restart_checked.add(key)
+            return ["already started"]
+        self._restart_checked.add(key)
+        self.engine.tube(space_id, name)
+        return ["starting"]
+
+
+def register(procedures: Procedures, engine: QueueEngine) -> BoxQueue:
+    queue = BoxQueue(engine)
+    queue.register(procedures)
+    return queue
+
