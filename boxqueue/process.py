@@ -129,24 +129,28 @@ class Server:
             )
             engine = self.engine = QueueEngine(catalog)
             box_queue.register(procedures, engine)
+            # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
+            # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await create_configured_spaces(catalog, config.spaces)
-                await root.start(engine.run)
-                if self.handle_signals:
-                    root.start_soon(self._watch_signals)
-                async with trio.open_nursery() as connections:
-                    with trio.CancelScope() as listening:
-                        async with trio.open_nursery() as listeners:
-                            await self._start_listeners(listeners, connections, iproto)
-                            log.info("boxqueue is ready")
-                            task_status.started(self.ports)
-                            await self._stop.wait()
-                            listening.cancel()
-                    iproto.stop_reading()
-                    with trio.move_on_after(iproto.grace + 1):
-                        await iproto.wait_closed()
-                    connections.cancel_scope.cancel()
+                async with trio.open_nursery() as engine_nursery:
+                    await engine_nursery.start(engine.run)
+                    if self.handle_signals:
+                        engine_nursery.start_soon(self._watch_signals)
+                    async with trio.open_nursery() as connections:
+                        with trio.CancelScope() as listening:
+                            async with trio.open_nursery() as listeners:
+                                await self._start_listeners(listeners, connections, iproto)
+                                log.info("boxqueue is ready")
+                                task_status.started(self.ports)
+                                await self._stop.wait()
+                                listening.cancel()
+                        iproto.stop_reading()
+                        with trio.move_on_after(iproto.grace + 1):
+                            await iproto.wait_closed()
+                        connections.cancel_scope.cancel()
+                    engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
             storage.close()

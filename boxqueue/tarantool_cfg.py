@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -332,12 +332,14 @@ class _Reader:
         if "index" not in t:
             raise self.fail(path, f"{dotted(path)}: missing key 'index'")
         indexes = self.dense(t["index"], path + ("index",))
-        return SpaceConfig(
-            id=number,
-            name=f"space{number}",
-            engine="memtx",
-            format=(),
-            indexes=tuple(self.index(raw, path + ("index", i), i) for i, raw in enumerate(indexes)),
+        return as_queue_space(
+            SpaceConfig(
+                id=number,
+                name=f"space{number}",
+                engine="memtx",
+                format=(),
+                indexes=tuple(self.index(raw, path + ("index", i), i) for i, raw in enumerate(indexes)),
+            )
         )
 
     def index(self, entry: Any, path: Key, position: int) -> IndexConfig:
@@ -411,3 +413,27 @@ class _Reader:
         if value in (0, 1) and type(value) in (int, bool):
             return bool(value)
         raise self.fail(path + (key,), f"{dotted(path + (key,))} must be 0 or 1, not {_show(value)}")
+
+
+# The box.queue layout (field numbers per index) and the msgpack-era type of each of its fields:
+# 1.5 packed ipri and pri into one-byte strings so a STR index sorted them; the tube engine stores
+# numbers, and the put_unique index's data field may be absent or of any scalar type (D4).
+_QUEUE_LAYOUT = ((0,), (1, 2, 4, 5), (1, 3), (1, 2, 12))
+_QUEUE_TYPES = {0: "string", 1: "string", 2: "string", 3: "unsigned", 4: "unsigned", 5: "unsigned"}
+
+
+def as_queue_space(space: SpaceConfig) -> SpaceConfig:
+    """A 1.5 space laid out for box.queue gets the types the tube engine stores; others as is."""
+    layout = tuple(tuple(p.field for p in index.parts) for index in space.indexes)
+    if layout not in (_QUEUE_LAYOUT[:3], _QUEUE_LAYOUT):
+        return space
+    indexes = []
+    for index in space.indexes:
+        parts = []
+        for part in index.parts:
+            if part.field == 12:
+                parts.append(replace(part, type="scalar", is_nullable=True))
+            else:
+                parts.append(replace(part, type=_QUEUE_TYPES[part.field]))
+        indexes.append(replace(index, parts=tuple(parts)))
+    return replace(space, indexes=tuple(indexes))

@@ -105,12 +105,16 @@ def parts(*pairs: tuple[int, str]) -> tuple[PartConfig, ...]:
     return tuple(PartConfig(field, ftype) for field, ftype in pairs)
 
 
+# The seed's box.queue layout gets the tube engine's types: ipri/pri (1.5's one-byte STR) are
+# unsigned, the put_unique data field is a nullable scalar.
 QUEUE_INDEXES = (
     IndexConfig("primary", "TREE", True, parts((0, "string"))),
-    IndexConfig("i1", "TREE", False, parts((1, "string"), (2, "string"), (4, "string"), (5, "string"))),
+    IndexConfig("i1", "TREE", False, parts((1, "string"), (2, "string"), (4, "unsigned"), (5, "unsigned"))),
     IndexConfig("i2", "TREE", False, parts((1, "string"), (3, "unsigned"))),
 )
-PUT_UNIQUE_INDEX = IndexConfig("i3", "TREE", False, parts((1, "string"), (2, "string"), (12, "string")))
+PUT_UNIQUE_INDEX = IndexConfig(
+    "i3", "TREE", False, (*parts((1, "string"), (2, "string")), PartConfig(12, "scalar", True))
+)
 
 
 def error(text: str, source: str = "x.cfg") -> str:
@@ -130,6 +134,12 @@ def test_the_seed_text_parses() -> None:
     (space,) = cfg.spaces
     assert (space.id, space.name, space.engine, space.format) == (0, "space0", "memtx", ())
     assert space.indexes == QUEUE_INDEXES
+
+
+def test_a_space_not_laid_out_for_the_queue_keeps_the_1_5_types() -> None:
+    text = SEED.replace("fieldno = 3, # next_event", "fieldno = 6, # not the queue layout")
+    (space,) = parse_tarantool_cfg(text, "seed.cfg").spaces
+    assert [p.type for p in space.indexes[1].parts] == ["string", "string", "string", "string"]
 
 
 def test_the_seed_with_its_fourth_index() -> None:
