@@ -64,9 +64,12 @@ class BoxQueue:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _space(self, value: Any) -> int:
+    def _space(self, value: Any, fn: str) -> int:
         number = tonumber(value)
-        space_id = int(number) if number is not None and number == int(number) else value
+        if number is None:
+            shown = "nil" if value is None else repr(value)
+            raise proc_error(f"bad argument 'space' to queue.{fn}: a number is required, got {shown}")
+        space_id = int(number) if number == int(number) else number
         self.engine.space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
 
@@ -99,23 +102,25 @@ class BoxQueue:
 
     async def put(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                   ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "put")
-        self.engine.tube(space_id, name).count("put")  # before the checks, as 1.5 did (Q14)
+        space_id, name = self._space(space, "put"), _tube(tube, "put")
         args = self._put_args("put", delay, ttl, ttr, pri)
-        return [rettask(await self.engine.put(space_id, name, data=list(data), **args))]
+        raw = await self.engine.put(space_id, name, data=list(data), **args)
+        self.engine.tube(space_id, name).count("put")  # only calls that succeed count (D9)
+        return [rettask(raw)]
 
     async def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                      ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "urgent")
-        queue_tube = self.engine.tube(space_id, name)
-        queue_tube.count("urgent")
+        space_id, name = self._space(space, "urgent"), _tube(tube, "urgent")
         args = self._put_args("urgent", delay, ttl, ttr, pri)
+        queue_tube = self.engine.tube(space_id, name)
         ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(queue_tube)
-        return [rettask(await self.engine.put(space_id, name, data=list(data), ipri=ipri, **args))]
+        raw = await self.engine.put(space_id, name, data=list(data), ipri=ipri, **args)
+        queue_tube.count("urgent")
+        return [rettask(raw)]
 
     async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                          ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "put_unique")
+        space_id, name = self._space(space, "put_unique"), _tube(tube, "put_unique")
         _number(delay, "delay", "put_unique")
         if not data or data[0] is None:
             raise proc_error("Can not put unique task without data")
@@ -128,7 +133,7 @@ class BoxQueue:
     # -- consumers ---------------------------------------------------------------------------
 
     async def take(self, ctx: CallContext, space: Any = None, tube: Any = None, timeout: Any = None) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "take")
+        space_id, name = self._space(space, "take"), _tube(tube, "take")
         seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
@@ -136,51 +141,51 @@ class BoxQueue:
         return [] if raw is None else [rettask(raw)]
 
     async def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.ack(self._space(space), task_id, ctx.session_id))]
+        return [rettask(await self.engine.ack(self._space(space, "ack"), task_id, ctx.session_id))]
 
     async def touch(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.touch(self._space(space), task_id, ctx.session_id))]
+        return [rettask(await self.engine.touch(self._space(space, "touch"), task_id, ctx.session_id))]
 
     async def done(self, ctx: CallContext, space: Any = None, task_id: Any = None, *data: Any) -> list[Any]:
-        return [rettask(await self.engine.done(self._space(space), task_id, ctx.session_id, list(data)))]
+        return [rettask(await self.engine.done(self._space(space, "done"), task_id, ctx.session_id, list(data)))]
 
     async def bury(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.bury(self._space(space), task_id, ctx.session_id))]
+        return [rettask(await self.engine.bury(self._space(space, "bury"), task_id, ctx.session_id))]
 
     async def dig(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.dig(self._space(space), task_id))]
+        return [rettask(await self.engine.dig(self._space(space, "dig"), task_id))]
 
     unbury = dig
 
     async def kick(self, ctx: CallContext, space: Any = None, tube: Any = None, count: Any = None) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "kick")
+        space_id, name = self._space(space, "kick"), _tube(tube, "kick")
         number = 1 if count is None else _number(count, "count", "kick")
         return [await self.engine.kick(space_id, name, int(number))]
 
     async def release(self, ctx: CallContext, space: Any = None, task_id: Any = None,
                       delay: Any = None, ttl: Any = None) -> list[Any]:
-        space_id = self._space(space)
+        space_id = self._space(space, "release")
         delay_us = 0 if delay is None else max(_us(_number(delay, "delay", "release")), 0)
         ttl_s = None if ttl is None else _number(ttl, "ttl", "release")
         return [rettask(await self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s))]
 
     async def requeue(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.requeue(self._space(space), task_id, ctx.session_id))]
+        return [rettask(await self.engine.requeue(self._space(space, "requeue"), task_id, ctx.session_id))]
 
     async def delete(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.delete(self._space(space), task_id))]
+        return [rettask(await self.engine.delete(self._space(space, "delete"), task_id))]
 
     async def truncate(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
-        space_id, name = self._space(space), _tube(tube, "truncate")
+        space_id, name = self._space(space, "truncate"), _tube(tube, "truncate")
         return [await self.engine.truncate(space_id, name)]
 
     # -- reading -----------------------------------------------------------------------------
 
     def meta(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [self.engine.meta(self._space(space), task_id)]
+        return [self.engine.meta(self._space(space, "meta"), task_id)]
 
     def peek(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(self.engine.peek(self._space(space), task_id))]
+        return [rettask(self.engine.peek(self._space(space, "peek"), task_id))]
 
     def statistics(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         """One flat list; an unknown space or tube gives an empty one (D12, D15)."""
@@ -196,7 +201,7 @@ class BoxQueue:
 
     def restart_check(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         """Recovery runs at start (D10); this only reports whether the tube was seen before."""
-        space_id, name = self._space(space), _tube(tube, "restart_check")
+        space_id, name = self._space(space, "restart_check"), _tube(tube, "restart_check")
         key = (space_id, name)
         if key in self._restart_checked or key in self.engine.tubes:
             self._restart_checked.add(key)

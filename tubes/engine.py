@@ -582,4 +582,4 @@ def _made_ready(task: Task) -> None:
 
 
 def _unburied(task: Task) -> None:
-    task.status, task.cbury = READY, task.cbury + 1
+    task.status = READY  # cbury counts buries only (D6)
