@@ -97,7 +97,7 @@ class Datetime:
 
 def decimal_from_payload(data: bytes) -> decimal.Decimal:
     """Decode MP_EXT 1: a msgpack int scale, then packed BCD digits with a trailing sign nibble."""
-    unpacker = msgpack.Unpacker()
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 16))
     unpacker.feed(data)
     scale = unpacker.unpack()
     if type(scale) is not int:

@@ -91,7 +91,8 @@ class Index:
 
     def entry_key(self, fields: list[Any], pk_encoded: bytes) -> tuple[bytes, bool]:
         """The full (uncut) key of this tuple's entry, and whether it is a unique-form entry."""
-        key = self.key_of(fields)
+        n = len(fields)
+        key = [fields[f] if f < n else None for f in self.fieldnos]
         encoded = keys.encode(key)
         if self.iid == 0:
             return encoded, True

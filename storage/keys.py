@@ -18,6 +18,7 @@ by their length and restore the true order of that group from the tuples.
 from __future__ import annotations
 
 import decimal
+import functools
 import hashlib
 import math
 import struct
@@ -96,6 +97,12 @@ def _escaped(data: bytes) -> bytes:
     return data.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
 
 
+@functools.lru_cache(maxsize=8192)
+def _encode_str(value: str) -> bytes:
+    # Memoised: the same short strings (a tube's name, a status letter) recur in most keys.
+    return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
+
+
 def encode_part(value: Any) -> bytes:
     """Encode one key part; raises ``TypeError`` for values no index can hold."""
     t = type(value)
@@ -108,7 +115,7 @@ def encode_part(value: Any) -> bytes:
     if t is float:
         return encode_number(value)
     if t is str:
-        return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
+        return _encode_str(value)
     if value is None:
         return b"\x05"
     if t is bool:
@@ -149,7 +156,7 @@ def encode(parts: Sequence[Any]) -> bytes:
     """Encode a (possibly partial) key."""
     if len(parts) == 1:
         return encode_part(parts[0])
-    return b"".join([encode_part(p) for p in parts])
+    return b"".join(map(encode_part, parts))
 
 
 def stored_form(key: bytes) -> bytes:

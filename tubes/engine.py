@@ -67,8 +67,8 @@ def now_us() -> int:
 
 
 def is_queue_space(space: Space) -> bool:
-    parts = [space.indexes[i].fieldnos for i in sorted(space.indexes)]
-    return tuple(parts[:3]) == _LAYOUT and (len(parts) == 3 or (len(parts) == 4 and parts[3] == _UNIQUE_LAYOUT))
+    parts = tuple(space.indexes[i].fieldnos for i in sorted(space.indexes))
+    return parts[:3] == _LAYOUT and (len(parts) == 3 or (len(parts) == 4 and parts[3] == _UNIQUE_LAYOUT))
 
 
 class QueueEngine:
@@ -81,6 +81,7 @@ class QueueEngine:
         self._where: dict[tuple[int, str], Tube] = {}  # (space id, task id) -> its tube
         self._taken_by: dict[int, set[tuple[int, str]]] = {}  # consumer -> (space id, task id)
         self._last_created = 0
+        self._layouts: dict[int, tuple[Space, int, bool]] = {}
         self._nursery: trio.Nursery | None = None
         self.hooks: list[ChangeHook] = []
         self.started = time.monotonic()
@@ -123,7 +124,13 @@ class QueueEngine:
 
     def space(self, space_id: Any) -> Space:
         space = self.catalog.spaces.get(space_id) if type(space_id) is int else None
-        if space is None or not is_queue_space(space):
+        if space is None:
+            raise BoxError(ER.NO_SUCH_SPACE, space_id)
+        # Whether a space is laid out for the queue only changes with its indexes (DDL).
+        known = self._layouts.get(space_id)
+        if known is None or known[0] is not space or known[1] != self.catalog.schema_version:
+            known = self._layouts[space_id] = (space, self.catalog.schema_version, is_queue_space(space))
+        if not known[2]:
             raise BoxError(ER.NO_SUCH_SPACE, space_id)
         return space
 

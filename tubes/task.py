@@ -97,10 +97,19 @@ class Task:
         return cls(*fields[:HEADER_FIELDS])
 
 
+def _unpacker(raw: bytes) -> msgpack.Unpacker:
+    # Sized to the tuple: by default an unpacker mallocs a 1 MiB buffer, which costs more than
+    # everything else done with it here.
+    unpacker = msgpack.Unpacker(
+        raw=False, unicode_errors="surrogateescape", max_buffer_size=max(len(raw), 16)
+    )
+    unpacker.feed(raw)
+    return unpacker
+
+
 def split_data(raw: bytes) -> tuple[int, bytes]:
     """How many data fields a stored tuple has, and their msgpack bytes as stored."""
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(raw)
+    unpacker = _unpacker(raw)
     count = unpacker.read_array_header()
     for _ in range(min(count, HEADER_FIELDS)):
         unpacker.skip()
@@ -114,10 +123,11 @@ def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
 
 def rettask(raw: bytes) -> Raw:
     """What the queue functions return: ``[id, tube, status name, data...]`` from a stored tuple."""
-    unpacker = msgpack.Unpacker(raw=False, unicode_errors="surrogateescape")
-    unpacker.feed(raw)
-    unpacker.read_array_header()
+    unpacker = _unpacker(raw)
+    count = unpacker.read_array_header()
     task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
-    data_count, data_raw = split_data(raw)
+    for _ in range(HEADER_FIELDS - 3):
+        unpacker.skip()
+    data_count, data_raw = max(count - HEADER_FIELDS, 0), raw[unpacker.tell():]
     head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
     return Raw(array_header(3 + data_count) + head + data_raw)
