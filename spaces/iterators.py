@@ -12,6 +12,7 @@ views built in memory.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterator
 
 from storage.keys import MAX_EXACT, successor
@@ -81,6 +82,11 @@ def scan(cursor, iterator: int, prefix: bytes, true_key: TrueKey) -> Iterator[tu
                 yield k, v
         elif k < p or k.startswith(p):  # LE
             yield k, v
+
+
+def page(values: Iterator[bytes], offset: int, limit: int) -> list[bytes]:
+    """SELECT's offset and limit over a scan, reading no more of it than needed."""
+    return list(itertools.islice(values, offset, offset + limit))
 
 
 def _walk(cursor, forward: bool, positioned: bool, true_key: TrueKey) -> Iterator[tuple[bytes, bytes]]:

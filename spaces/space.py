@@ -267,16 +267,7 @@ class Space(IndexLookup):
             index.check_key(key, exact=False)
         if limit <= 0:
             return []
-        txn = txn or self.storage.reader()
-        out: list[bytes] = []
-        for raw in self._iterate(index, iterator, key, txn):
-            if offset:
-                offset -= 1
-                continue
-            out.append(raw)
-            if len(out) >= limit:
-                break
-        return out
+        return it.page(self._iterate(index, iterator, key, txn or self.storage.reader()), offset, limit)
 
     def get(self, iid: int, key: list[Any], txn: lmdb.Transaction | None = None) -> bytes | None:
         index = self.index(iid)

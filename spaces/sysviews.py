@@ -108,16 +108,8 @@ class SystemView(IndexLookup):
         for row in rows:
             pk = keys.encode(self.primary.key_of(row))
             items.append((index.entry_key(row, pk)[0], pack(row)))
-        cursor = it.ListCursor(items)
-        out = []
-        for _k, raw in it.scan(cursor, iterator, keys.encode(key), lambda k, _v: k):
-            if offset:
-                offset -= 1
-                continue
-            out.append(raw)
-            if len(out) >= limit:
-                break
-        return out
+        scan = it.scan(it.ListCursor(items), iterator, keys.encode(key), lambda k, _v: k)
+        return it.page((raw for _k, raw in scan), offset, limit)
 
     def len(self, user: acl.User | None = None) -> int:
         return len(self.views.rows(self.kind, user if self.filtered else None))
