@@ -1,6 +1,8 @@
 """The server run inside the test's own trio loop, for what needs a hand on its internals:
 disconnect callbacks, cancellation of a leaving client's requests, back-pressure."""
 
+from pathlib import Path
+
 import msgpack
 import pytest
 import trio
@@ -169,3 +171,34 @@ async def test_alter_space_checks_existing_tuples_and_renames(running):
     with pytest.raises(BoxError) as err:
         parse_format([{"name": "a"}, {"name": "a"}])
     assert "duplicate field name" in err.value.message
+
+
+async def test_the_engine_reports_every_task_state_change(tmp_path, nursery):
+    """The hook later facades publish from (Sonya's task events): put, take, release, ack."""
+    shipped = (Path(__file__).parents[2] / "conf" / "boxqueue.toml").read_text()
+    queue_space = shipped[shipped.index("[[space]]") : shipped.index("# The external APIs")]
+    cfg = tmp_path / "q.toml"
+    cfg.write_text('data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n[wal]\nmode = "none"\n' + queue_space)
+    server = Server(load_config(cfg), handle_signals=False)
+    await nursery.start(server.run)
+    seen = []
+    server.engine.hooks.append(lambda space, tube, task_id, old, new, raw: seen.append((tube, old, new)))
+    from spaces.procedures import CallContext
+
+    ctx = CallContext(7, server.catalog.access.guest)
+    queue = server.procedures
+    put = queue.resolve("box.queue.put").fn
+    take = queue.resolve("box.queue.take").fn
+    release = queue.resolve("box.queue.release").fn
+    ack = queue.resolve("box.queue.ack").fn
+    [task] = await put(ctx, 0, "events", 0, 0, 0, 0, "payload")
+    task_id = msgpack.unpackb(bytes(task))[0]
+    await take(ctx, 0, "events", 0)
+    await release(ctx, 0, task_id)
+    await take(ctx, 0, "events", 0)
+    await ack(ctx, 0, task_id)
+    assert seen == [
+        ("events", None, "r"), ("events", "r", "t"), ("events", "t", "r"),
+        ("events", "r", "t"), ("events", "t", None),
+    ]
+    server.stop()
