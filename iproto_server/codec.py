@@ -226,7 +226,7 @@ def _fast_unpacker(max_packet: int) -> msgpack.Unpacker:
 
 def decode_packet(packet: bytes) -> Request | BadRequest:
     """Decode one packet (header map, then optional body map) without its length prefix."""
-    unpacker = make_unpacker()
+    unpacker = make_unpacker(max(len(packet), 16))
     unpacker.feed(packet)
     try:
         header = unpacker.unpack()

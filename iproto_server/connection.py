@@ -75,7 +75,8 @@ class Connection:
                     # Shutting down or closing after a framing error: finish what is in flight.
                     with trio.move_on_after(grace):
                         while self.inflight:
-                            await trio.sleep(0.005)
+                            self._slot_freed = trio.Event()
+                            await self._slot_freed.wait()
                         await self._flush()
                     nursery.cancel_scope.cancel()
         finally:

@@ -97,7 +97,6 @@ class Dispatcher:
         self.access = catalog.access
         self.procedures = procedures
         self.eval_handler = eval_handler
-        self.stats: dict[str, int] = {}
         self._handlers: dict[int, Callable[[Session, codec.Request], Any]] = {
             codec.PING: self._ping,
             codec.SELECT: self._select,

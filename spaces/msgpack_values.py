@@ -235,7 +235,6 @@ def _map_header(n: int) -> bytes:
 
 
 array_header = _array_header
-map_header = _map_header
 
 
 class Raw(bytes):

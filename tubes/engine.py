@@ -84,7 +84,6 @@ class QueueEngine:
         self._layouts: dict[int, tuple[Space, int, bool]] = {}
         self._nursery: trio.Nursery | None = None
         self.hooks: list[ChangeHook] = []
-        self.started = time.monotonic()
 
     # -- life ----------------------------------------------------------------------------------
 

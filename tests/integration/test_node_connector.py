@@ -4,6 +4,7 @@
 """
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 def test_node_connector(server):
     proc = subprocess.run(
         ["node", str(CLIENT), str(server.port)],
-        capture_output=True, text=True, timeout=60, env={"NODE_PATH": str(NODE_MODULES), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60, env={"NODE_PATH": str(NODE_MODULES), "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
