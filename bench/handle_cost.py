@@ -19,9 +19,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace")
+REQUESTS = ("ping", "select", "call", "replace", "queue")
 
 
 def workload(count: int, what: str) -> None:
@@ -47,6 +48,9 @@ def workload(count: int, what: str) -> None:
         "call": ({0: codec.CALL, 1: 1}, {0x22: "box.session.id", 0x21: []}),
         "replace": ({0: codec.REPLACE, 1: 1}, {0x10: 512, 0x21: [42, "y" * 32]}),
     }
+    if what == "queue":
+        queue_workload(count)
+        return
     header, body = bodies[what]
     payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
     frame = msgpack.packb(len(payload)) + payload
@@ -84,6 +88,101 @@ def workload(count: int, what: str) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+QUEUE_ROUND = 100
+
+
+def queue_workload(count: int) -> None:
+    """``count`` tasks through box.queue put, take and ack, QUEUE_ROUND tasks per round (each
+    round's requests in flight together, as a loaded server sees them); handled as the iproto
+    connection handles them: bytes at once, a later reply, or a coroutine run as a task."""
+    sys.path.insert(0, str(ROOT))
+    import functools
+
+    import msgpack
+    import trio
+
+    from boxqueue import process
+    from boxqueue.config import load_config
+    from boxqueue.process import Server
+    from storage.environment import Storage
+
+    # valgrind refuses the default 1 TiB map reservation.
+    process.Storage = functools.partial(Storage, map_size=1 << 28)  # type: ignore[misc]
+
+    workdir = tempfile.mkdtemp(prefix="handle_cost")
+    config_path = Path(workdir) / "queue.toml"
+    shipped = (ROOT / "conf" / "boxqueue.toml").read_text()
+    config_path.write_text('data_dir = "data"\n[wal]\nmode = "none"\n' + shipped[shipped.index("[[space]]"):shipped.index("[deckard]")])
+
+    def frame(sync: int, name: str, args: list) -> bytes:
+        payload = msgpack.packb({0: 10, 1: sync}) + msgpack.packb({0x22: name, 0x21: args})
+        return msgpack.packb(len(payload)) + payload
+
+    async def main() -> None:
+        from iproto_server import codec
+        from iproto_server.session import Session
+
+        server = Server(load_config(config_path), handle_signals=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            dispatcher = server.dispatcher
+            session = Session(1, server.catalog.access.guest)
+            decoder = codec.RequestDecoder()
+            answers: list[bytes] = []
+            arrived = trio.Event()
+            expected = 0
+
+            def reply(answer: bytes) -> None:
+                answers.append(answer)
+                if len(answers) == expected:
+                    arrived.set()
+
+            async def finish(coro: Any) -> None:
+                reply(await coro)
+
+            async def round_of(frames: list[bytes]) -> list[bytes]:
+                nonlocal arrived, expected
+                answers.clear()
+                arrived = trio.Event()
+                expected = len(frames)
+                for data in frames:
+                    decoder.feed(data)
+                    result = dispatcher.handle(session, decoder.next_event(), reply)
+                    if type(result) is bytes:
+                        reply(result)
+                    elif result is not None:
+                        nursery.start_soon(finish, result)
+                await arrived.wait()
+                return list(answers)
+
+            data = "x" * 64
+            for first in range(0, count, QUEUE_ROUND):
+                n = min(QUEUE_ROUND, count - first)
+                await round_of([frame(i, "box.queue.put", [0, "bench", 0, 0, 0, 0, data]) for i in range(n)])
+                taken = await round_of([frame(i, "box.queue.take", [0, "bench", 0]) for i in range(n)])
+                ids = [_task_id(a) for a in taken]
+                await round_of([frame(i, "box.queue.ack", [0, task_id]) for i, task_id in enumerate(ids)])
+            server.stop()
+
+    try:
+        trio.run(main)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _task_id(answer: bytes) -> str:
+    import msgpack
+
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(answer)
+    unpacker.unpack()  # length
+    header = unpacker.unpack()
+    body = unpacker.unpack()
+    if header[0] != 0:
+        raise RuntimeError(f"take failed: {body}")
+    return body[0x30][0][0]
+
+
 def instructions(count: int, what: str) -> int:
     env = dict(os.environ, PYTHONHASHSEED="0")
     proc = subprocess.run(
@@ -115,7 +214,8 @@ def main() -> int:
         return 1
     for what in args.what:
         per_request = (instructions(args.count, what) - instructions(0, what)) / args.count
-        print(f"{what:8s} {per_request:9,.0f} instructions/request")
+        unit = "instructions/task (put, take, ack)" if what == "queue" else "instructions/request"
+        print(f"{what:8s} {per_request:9,.0f} {unit}")
     return 0
 
 

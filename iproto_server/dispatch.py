@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from types import CoroutineType
 from typing import Any
 
 from errcodes import ER, BoxError
@@ -17,6 +18,7 @@ from iproto_server import codec
 from iproto_server.session import Session
 from spaces import access as acl
 from spaces.catalog import Catalog
+from spaces.later import Later
 from spaces.msgpack_values import Raw
 from spaces.procedures import Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
@@ -84,6 +86,14 @@ def wrap_call16(values: list[Any]) -> list[Any]:
     return [v if _is_array(v) else [v] for v in values]
 
 
+def _procedure_error(exc: Exception) -> Exception:
+    """What a procedure raised, as the client sees it: Python errors become ER_PROC_LUA with their
+    text, the way a Lua error reaches a Tarantool client."""
+    if isinstance(exc, BoxError | StorageError):
+        return exc
+    return BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__)
+
+
 class Dispatcher:
     """Turns requests into responses, checking schema version, access and read-only ports."""
 
@@ -134,6 +144,9 @@ class Dispatcher:
             if kind is _PendingWrite:
                 self._submit(sync, result, reply)
                 return None
+            if kind is Later:
+                self._reply_later(sync, result, reply)
+                return None
             return self._finish(sync, result)
         except Exception as exc:
             return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
@@ -151,6 +164,18 @@ class Dispatcher:
                 reply(codec.response(sync, version, codec.data_body_from_tuples([result])))
 
         self.catalog.committer.submit(pending.write, done)
+
+    def _reply_later(self, sync: int, later: Later[bytes], reply: Reply) -> None:
+        def settled(body: bytes | None, error: BaseException | None) -> None:
+            version = self.catalog.schema_version
+            if error is None:
+                reply(codec.response(sync, version, body))
+            else:
+                if not isinstance(error, Exception):
+                    error = RuntimeError(repr(error))
+                reply(codec.error_response(sync, version, self._as_box_error(_procedure_error(error))))
+
+        later.then(settled)
 
     def error(self, sync: int, error: BoxError) -> bytes:
         return codec.error_response(sync, self.catalog.schema_version, error)
@@ -303,7 +328,9 @@ class Dispatcher:
         ops = parse_ops(_array(body, codec.OPS, "ops"), _uint(body, codec.INDEX_BASE, "index base"), space.field_names)
         return _PendingWrite(space.prepare_upsert(request.tuple_raw, fields, ops), returns_tuple=False)
 
-    def _procedure_call(self, session: Session, request: codec.Request, call16: bool) -> Coroutine[Any, Any, bytes] | bytes:
+    def _procedure_call(
+        self, session: Session, request: codec.Request, call16: bool
+    ) -> Coroutine[Any, Any, bytes] | Later[bytes] | bytes:
         body = request.body
         name = _field(body, codec.FUNCTION_NAME, "function name", required=True)
         if type(name) is not str:
@@ -315,15 +342,18 @@ class Dispatcher:
         self.access.check(session.user, acl.EXECUTE, acl.FUNCTION, name)
         if entry.writes and session.read_only:
             raise BoxError(ER.READONLY)
-        if not entry.is_async:
-            try:
-                values = entry.fn(session.context, *args)
-            except (BoxError, StorageError):
-                raise
-            except Exception as exc:
-                raise BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__) from exc
-            return self._call_body(values, call16)
-        return self._run_procedure(entry, session, args, call16)
+        if entry.is_async:
+            return self._run_procedure(entry.fn(session.context, *args), entry.name, call16)
+        try:
+            values = entry.fn(session.context, *args)
+        except Exception as exc:
+            raise _procedure_error(exc) from exc
+        kind = type(values)
+        if kind is Later:
+            return values.map(lambda done: self._call_body(done, call16))
+        if kind is CoroutineType:
+            return self._run_procedure(values, entry.name, call16)
+        return self._call_body(values, call16)
 
     @staticmethod
     def _call_body(values: Any, call16: bool) -> bytes:
@@ -332,14 +362,12 @@ class Dispatcher:
             values = wrap_call16(values)
         return codec.data_body(values)
 
-    async def _run_procedure(self, entry: Any, session: Session, args: list[Any], call16: bool) -> bytes:
+    async def _run_procedure(self, running: Awaitable[Any], name: str, call16: bool) -> bytes:
         try:
-            values = await entry.fn(session.context, *args)
-        except (BoxError, StorageError):
-            raise
+            values = await running
         except Exception as exc:
-            log.debug("procedure %s raised", entry.name, exc_info=True)
-            raise BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__) from exc
+            log.debug("procedure %s raised", name, exc_info=True)
+            raise _procedure_error(exc) from exc
         return self._call_body(values, call16)
 
     def _call(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:

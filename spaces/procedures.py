@@ -3,7 +3,9 @@
 Upper layers register Python callables under Lua-style names (``box.queue.put``,
 ``queue.put``); the iproto dispatcher looks names up here. A procedure receives a
 :class:`CallContext` and the call's arguments and returns the list of its return values (a Lua
-function's multiple returns), synchronously or as a coroutine.
+function's multiple returns): at once, as a coroutine, or as a :class:`spaces.later.Later` (a
+write that settles when its commit returns, with no task of its own). Callers that just want the
+values await anything that is not a list.
 """
 
 from __future__ import annotations

@@ -3,12 +3,18 @@ error texts and return shapes of the original module (``../shared/specs/box_queu
 
 Every function is registered as ``box.queue.<fn>`` and ``queue.<fn>`` (D1). The consumer of a
 take is the caller's session; its tasks go back to ready when the session ends (D11).
+
+A function that writes returns a :class:`spaces.later.Later` (or, for a take that has to wait, a
+coroutine): the dispatcher replies when the write is durable without a task per call, and any other
+caller awaits the result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
+from spaces.later import Later
 from spaces.procedures import CallContext, Procedures
 from tubes.engine import QueueEngine, proc_error
 from tubes.numbers import tonumber
@@ -100,23 +106,30 @@ class BoxQueue:
 
     # -- producers ---------------------------------------------------------------------------
 
-    async def put(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
-                  ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
+    def put(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
+            ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "put"), _tube(tube, "put")
         args = self._put_args("put", delay, ttl, ttr, pri)
-        raw = await self.engine.put(space_id, name, data=list(data), **args)
-        self.engine.tube(space_id, name).count("put")  # only calls that succeed count (D9)
-        return [rettask(raw)]
+        queue_tube = self.engine.tube(space_id, name)
 
-    async def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
-                     ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
+        def put_done(raw: bytes) -> list[Any]:
+            queue_tube.count("put")  # only calls that succeed count (D9)
+            return [rettask(raw)]
+
+        return self.engine.put(space_id, name, data=list(data), **args).map(put_done)
+
+    def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
+               ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "urgent"), _tube(tube, "urgent")
         args = self._put_args("urgent", delay, ttl, ttr, pri)
         queue_tube = self.engine.tube(space_id, name)
         ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(queue_tube)
-        raw = await self.engine.put(space_id, name, data=list(data), ipri=ipri, **args)
-        queue_tube.count("urgent")
-        return [rettask(raw)]
+
+        def urgent_done(raw: bytes) -> list[Any]:
+            queue_tube.count("urgent")
+            return [rettask(raw)]
+
+        return self.engine.put(space_id, name, data=list(data), ipri=ipri, **args).map(urgent_done)
 
     async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                          ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
@@ -132,28 +145,32 @@ class BoxQueue:
 
     # -- consumers ---------------------------------------------------------------------------
 
-    async def take(self, ctx: CallContext, space: Any = None, tube: Any = None, timeout: Any = None) -> list[Any]:
+    def take(self, ctx: CallContext, space: Any = None, tube: Any = None,
+             timeout: Any = None) -> Later[list[Any]] | Coroutine[Any, Any, list[Any]]:
+        """A Later when a task is ready now; a coroutine when the take has to wait."""
         space_id, name = self._space(space, "take"), _tube(tube, "take")
         seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
-        raw = await self.engine.take(space_id, name, self._consumer(ctx), seconds)
-        return [] if raw is None else [rettask(raw)]
+        taking = self.engine.take(space_id, name, self._consumer(ctx), seconds)
+        if isinstance(taking, Later):
+            return taking.map(_taken)
+        return _waited(taking)
 
-    async def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.ack(self._space(space, "ack"), task_id, ctx.session_id))]
+    def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.ack(self._space(space, "ack"), task_id, ctx.session_id).map(_returned)
 
-    async def touch(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.touch(self._space(space, "touch"), task_id, ctx.session_id))]
+    def touch(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.touch(self._space(space, "touch"), task_id, ctx.session_id).map(_returned)
 
-    async def done(self, ctx: CallContext, space: Any = None, task_id: Any = None, *data: Any) -> list[Any]:
-        return [rettask(await self.engine.done(self._space(space, "done"), task_id, ctx.session_id, list(data)))]
+    def done(self, ctx: CallContext, space: Any = None, task_id: Any = None, *data: Any) -> Later[list[Any]]:
+        return self.engine.done(self._space(space, "done"), task_id, ctx.session_id, list(data)).map(_returned)
 
-    async def bury(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.bury(self._space(space, "bury"), task_id, ctx.session_id))]
+    def bury(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.bury(self._space(space, "bury"), task_id, ctx.session_id).map(_returned)
 
-    async def dig(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.dig(self._space(space, "dig"), task_id))]
+    def dig(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.dig(self._space(space, "dig"), task_id).map(_returned)
 
     unbury = dig
 
@@ -162,18 +179,18 @@ class BoxQueue:
         number = 1 if count is None else _number(count, "count", "kick")
         return [await self.engine.kick(space_id, name, int(number))]
 
-    async def release(self, ctx: CallContext, space: Any = None, task_id: Any = None,
-                      delay: Any = None, ttl: Any = None) -> list[Any]:
+    def release(self, ctx: CallContext, space: Any = None, task_id: Any = None,
+                delay: Any = None, ttl: Any = None) -> Later[list[Any]]:
         space_id = self._space(space, "release")
         delay_us = 0 if delay is None else max(_us(_number(delay, "delay", "release")), 0)
         ttl_s = None if ttl is None else _number(ttl, "ttl", "release")
-        return [rettask(await self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s))]
+        return self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s).map(_returned)
 
-    async def requeue(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.requeue(self._space(space, "requeue"), task_id, ctx.session_id))]
+    def requeue(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.requeue(self._space(space, "requeue"), task_id, ctx.session_id).map(_returned)
 
-    async def delete(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(await self.engine.delete(self._space(space, "delete"), task_id))]
+    def delete(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
+        return self.engine.delete(self._space(space, "delete"), task_id).map(_returned)
 
     async def truncate(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         space_id, name = self._space(space, "truncate"), _tube(tube, "truncate")
@@ -209,6 +226,18 @@ class BoxQueue:
         self._restart_checked.add(key)
         self.engine.tube(space_id, name)
         return ["starting"]
+
+
+def _returned(raw: bytes) -> list[Any]:
+    return [rettask(raw)]
+
+
+def _taken(raw: bytes | None) -> list[Any]:
+    return [] if raw is None else [rettask(raw)]
+
+
+async def _waited(taking: Awaitable[bytes | None]) -> list[Any]:
+    return _taken(await taking)
 
 
 def register(procedures: Procedures, engine: QueueEngine) -> BoxQueue:

@@ -17,15 +17,16 @@ One monitor task per tube, owned by the engine's nursery, sleeps until the tube'
 from __future__ import annotations
 
 import logging
+import random
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from errcodes import ER, BoxError
 from spaces.catalog import Catalog
+from spaces.later import Later
 from spaces.msgpack_values import pack
 from spaces.space import INSERT, Space, decode_tuple
 from tubes.task import (
@@ -56,6 +57,10 @@ ChangeHook = Callable[[int, str, str, str | None, str | None, bytes | None], Non
 _LAYOUT = ((0,), (1, 2, 4, 5), (1, 3))
 _UNIQUE_LAYOUT = (1, 2, 12)
 
+# The version (4) and variant (10) bits of a random UUID.
+_UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))
+_UUID4_SET = (0x4 << 76) | (0x2 << 62)
+
 
 def proc_error(text: str) -> BoxError:
     """The queue's errors reach the client as ER_PROC_LUA with the original texts (D8)."""
@@ -84,6 +89,7 @@ class QueueEngine:
         self._layouts: dict[int, tuple[Space, int, bool]] = {}
         self._nursery: trio.Nursery | None = None
         self.hooks: list[ChangeHook] = []
+        self._random = random.Random()  # task ids: seeded from os.urandom
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -181,16 +187,18 @@ class QueueEngine:
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def _change(
+    def _change(
         self,
         space: Space,
         tube: Tube,
         task: Task,
         mutate: Callable[[Task], None],
         data: list[Any] | None = None,
-    ) -> bytes:
-        """Change ``task`` in memory, write it (keeping its stored data unless ``data`` is given)
-        and return the stored tuple; undo the memory change if the write fails."""
+        after: Callable[[], None] | None = None,
+    ) -> Later[bytes]:
+        """Change ``task`` in memory and write it (keeping its stored data unless ``data`` is
+        given); the Later gives the stored tuple once durable, after ``after()`` has run. A write
+        that fails undoes the memory change."""
         before = task.copy()
         self._unplace(space.id, tube, task)
         mutate(task)
@@ -206,29 +214,56 @@ class QueueEngine:
             def transform(old: bytes) -> bytes:
                 return encode_task(header, len(data), packed)
 
-        try:
-            raw = await self.committer.write(space.prepare_transform([task.id], transform))
-            if raw is None:
-                raise proc_error("Task not found")
-        except BaseException:
+        def undo() -> None:
             if tube.tasks.get(task.id) is task and task.header() == header:
                 self._unplace(space.id, tube, task)
                 task.restore(before)
                 self._place(space.id, tube, task)
-            raise
-        self._notify(space.id, tube.name, task.id, before.status, task.status, raw)
-        return raw
 
-    async def _delete(self, space: Space, tube: Tube, task: Task) -> bytes:
-        self._unplace(space.id, tube, task)
+        later: Later[bytes] = Later()
+
+        def done(raw: bytes | None, error: BaseException | None) -> None:
+            if error is None and raw is None:
+                error = proc_error("Task not found")
+            if error is not None:
+                undo()
+                later.settle(None, error)
+                return
+            self._notify(space.id, tube.name, task.id, before.status, task.status, raw)
+            if after is not None:
+                after()
+            later.settle(raw)
+
         try:
-            raw = await self.committer.write(space.prepare_delete(0, [task.id]))
+            self.committer.submit(space.prepare_transform([task.id], transform), done)
         except BaseException:
+            undo()
+            raise
+        return later
+
+    def _delete(self, space: Space, tube: Tube, task: Task) -> Later[bytes]:
+        self._unplace(space.id, tube, task)
+
+        def undo() -> None:
             if (space.id, task.id) not in self._where:
                 self._place(space.id, tube, task)
+
+        later: Later[bytes] = Later()
+
+        def done(raw: bytes | None, error: BaseException | None) -> None:
+            if error is not None:
+                undo()
+                later.settle(None, error)
+                return
+            self._notify(space.id, tube.name, task.id, task.status, None, None)
+            later.settle(raw)
+
+        try:
+            self.committer.submit(space.prepare_delete(0, [task.id]), done)
+        except BaseException:
+            undo()
             raise
-        self._notify(space.id, tube.name, task.id, task.status, None, None)
-        return raw
+        return later
 
     def _notify(self, space_id: int, tube: str, task_id: str, old: str | None, new: str | None, raw: bytes | None) -> None:
         for hook in self.hooks:
@@ -239,7 +274,7 @@ class QueueEngine:
 
     # -- producers -----------------------------------------------------------------------------
 
-    async def put(
+    def put(
         self,
         space_id: int,
         tube_name: str,
@@ -250,7 +285,7 @@ class QueueEngine:
         pri: int,
         data: list[Any],
         ipri: int | None = None,
-    ) -> bytes:
+    ) -> Later[bytes]:
         """Insert a task (``ipri`` None: the default lane; put_unique and urgent pass theirs)."""
         space = self.space(space_id)
         tube = self.tube(space_id, tube_name)
@@ -261,16 +296,29 @@ class QueueEngine:
             status, event = DELAYED, now + delay
         else:
             status, event = READY, created + ttl
-        task = Task(uuid.uuid4().hex, tube_name, status, event, MED_PRI if ipri is None else ipri, pri, 0, created, ttl, ttr)
+        task = Task(self._new_id(), tube_name, status, event, MED_PRI if ipri is None else ipri, pri, 0, created, ttl, ttr)
         raw = encode_task(task.header(), len(data), b"".join(pack(v) for v in data))
         write = space.prepare_put(raw, decode_tuple(raw), INSERT)
-        await self.committer.write(write)
-        self._place(space_id, tube, task)
-        if status == READY:
-            tube.wake_one_consumer()
-        tube.wake_monitor()
-        self._notify(space_id, tube_name, task.id, None, status, raw)
-        return raw
+        later: Later[bytes] = Later()
+
+        def done(_result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                later.settle(None, error)
+                return
+            self._place(space_id, tube, task)
+            if status == READY:
+                tube.wake_one_consumer()
+            tube.wake_monitor()
+            self._notify(space_id, tube_name, task.id, None, status, raw)
+            later.settle(raw)
+
+        self.committer.submit(write, done)
+        return later
+
+    def _new_id(self) -> str:
+        """32 lowercase hex digits of a version 4 UUID, as 1.5's uuid_hex gave."""
+        bits = self._random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
+        return f"{bits:032x}"
 
     def urgent_ipri(self, tube: Tube) -> int:
         """Ahead of the current head of the ready list (D2, section 2.2)."""
@@ -295,28 +343,23 @@ class QueueEngine:
 
     # -- consumers -----------------------------------------------------------------------------
 
-    async def take(self, space_id: int, tube_name: str, consumer: int, timeout: float) -> bytes | None:
-        """The first ready task in take order, waiting up to ``timeout`` seconds for one."""
+    def take(self, space_id: int, tube_name: str, consumer: int, timeout: float) -> Awaitable[bytes | None]:
+        """The first ready task in take order, waiting up to ``timeout`` seconds for one.
+
+        A task ready now is taken without a task of its own (a :class:`Later`); only a take that
+        has to wait is a coroutine."""
         space = self.space(space_id)
         tube = self.tube(space_id, tube_name)
-        deadline = trio.current_time() + timeout
+        taking = self._take_ready(space, tube, consumer)
+        if taking is not None:
+            return taking
+        if timeout <= 0:
+            tube.count("take_timeout")
+            return Later.done(None)
+        return self._take_waiting(space, tube, consumer, trio.current_time() + timeout)
+
+    async def _take_waiting(self, space: Space, tube: Tube, consumer: int, deadline: float) -> bytes | None:
         while True:
-            task = self._first_live_ready(tube)
-            if task is not None:
-                now = now_us()
-                event = min(now + task.ttr, task.expires)
-
-                def taken(t: Task, event: int = event) -> None:
-                    t.status, t.event, t.cid, t.ctaken = TAKEN, event, consumer, t.ctaken + 1
-
-                raw = await self._change(space, tube, task, taken)
-                tube.wake_monitor()
-                tube.wake_one_consumer()
-                tube.count("take")
-                return raw
-            if timeout <= 0 or trio.current_time() >= deadline:
-                tube.count("take_timeout")
-                return None
             waiter = trio.Event()
             tube.waiters.append(waiter)
             try:
@@ -328,6 +371,28 @@ class QueueEngine:
                         tube.waiters.remove(waiter)
                     except ValueError:
                         pass
+            taking = self._take_ready(space, tube, consumer)
+            if taking is not None:
+                return await taking
+            if trio.current_time() >= deadline:
+                tube.count("take_timeout")
+                return None
+
+    def _take_ready(self, space: Space, tube: Tube, consumer: int) -> Later[bytes] | None:
+        task = self._first_live_ready(tube)
+        if task is None:
+            return None
+        event = min(now_us() + task.ttr, task.expires)
+
+        def taken(t: Task) -> None:
+            t.status, t.event, t.cid, t.ctaken = TAKEN, event, consumer, t.ctaken + 1
+
+        def after() -> None:
+            tube.wake_monitor()
+            tube.wake_one_consumer()
+            tube.count("take")
+
+        return self._change(space, tube, task, taken, after=after)
 
     def _first_live_ready(self, tube: Tube) -> Task | None:
         """The head of the ready list, skipping tasks already past their ttl (D7): the monitor,
@@ -340,53 +405,55 @@ class QueueEngine:
             tube.wake_monitor()
         return None
 
-    async def ack(self, space_id: int, task_id: Any, consumer: int) -> bytes:
+    def ack(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         tube, task = self.owned(space_id, task_id, consumer, "ack")
         tube.count("ack")
-        return await self._delete(self.space(space_id), tube, task)
+        return self._delete(self.space(space_id), tube, task)
 
-    async def touch(self, space_id: int, task_id: Any, consumer: int) -> bytes:
+    def touch(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         tube, task = self.owned(space_id, task_id, consumer, "touch")
         event = min(now_us() + task.ttr, task.expires)
 
         def touched(t: Task) -> None:
             t.event = event
 
-        raw = await self._change(self.space(space_id), tube, task, touched)
-        tube.count("touch")
-        return raw
+        return self._change(self.space(space_id), tube, task, touched, after=lambda: tube.count("touch"))
 
-    async def done(self, space_id: int, task_id: Any, consumer: int, data: list[Any]) -> bytes:
+    def done(self, space_id: int, task_id: Any, consumer: int, data: list[Any]) -> Later[bytes]:
         tube, task = self.owned(space_id, task_id, consumer, "done")
 
         def finished(t: Task) -> None:
             t.status, t.event = DONE, t.expires
 
-        raw = await self._change(self.space(space_id), tube, task, finished, data=data)
-        tube.wake_monitor()
-        tube.count("done")
-        return raw
+        def after() -> None:
+            tube.wake_monitor()
+            tube.count("done")
 
-    async def bury(self, space_id: int, task_id: Any, consumer: int) -> bytes:
+        return self._change(self.space(space_id), tube, task, finished, data=data, after=after)
+
+    def bury(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         tube, task = self.owned(space_id, task_id, consumer, "done")  # sic: 1.5's text (D8)
 
         def buried(t: Task) -> None:
             t.status, t.event, t.cbury = BURIED, t.expires, t.cbury + 1
 
-        raw = await self._change(self.space(space_id), tube, task, buried)
-        tube.wake_monitor()
-        tube.count("bury")
-        return raw
+        def after() -> None:
+            tube.wake_monitor()
+            tube.count("bury")
 
-    async def dig(self, space_id: int, task_id: Any) -> bytes:
+        return self._change(self.space(space_id), tube, task, buried, after=after)
+
+    def dig(self, space_id: int, task_id: Any) -> Later[bytes]:
         tube, task = self.find(space_id, task_id)
         if task.status != BURIED:
             raise proc_error("Task is not buried")
-        raw = await self._change(self.space(space_id), tube, task, _unburied)
-        tube.wake_monitor()
-        tube.wake_one_consumer()  # D7
-        tube.count("dig")
-        return raw
+
+        def after() -> None:
+            tube.wake_monitor()
+            tube.wake_one_consumer()  # D7
+            tube.count("dig")
+
+        return self._change(self.space(space_id), tube, task, _unburied, after=after)
 
     async def kick(self, space_id: int, tube_name: str, count: int) -> int:
         """Up to ``count`` buried tasks, in take order, become ready (D5)."""
@@ -410,7 +477,7 @@ class QueueEngine:
         tube.wake_monitor()
         return kicked
 
-    async def release(self, space_id: int, task_id: Any, consumer: int, delay: int, ttl_s: float | None) -> bytes:
+    def release(self, space_id: int, task_id: Any, consumer: int, delay: int, ttl_s: float | None) -> Later[bytes]:
         """Back to ready (or delayed); a given ttl restarts the task's life from now (+delay)."""
         tube, task = self.owned(space_id, task_id, consumer, "release")
         now = now_us()
@@ -425,14 +492,15 @@ class QueueEngine:
             else:
                 t.status, t.event = READY, t.expires
 
-        raw = await self._change(self.space(space_id), tube, task, released)
-        if delay <= 0:
-            tube.wake_one_consumer()
-        tube.wake_monitor()
-        tube.count("release")
-        return raw
+        def after() -> None:
+            if delay <= 0:
+                tube.wake_one_consumer()
+            tube.wake_monitor()
+            tube.count("release")
 
-    async def requeue(self, space_id: int, task_id: Any, consumer: int) -> bytes:
+        return self._change(self.space(space_id), tube, task, released, after=after)
+
+    def requeue(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         """Back to ready behind every ready task of the tube, whatever their priority (D13)."""
         tube, task = self.owned(space_id, task_id, consumer, "release")  # sic: 1.5's text (D8)
         last = tube.last_ready()
@@ -441,16 +509,17 @@ class QueueEngine:
         def requeued(t: Task) -> None:
             t.status, t.event, t.cid, t.ipri = READY, t.expires, 0, ipri
 
-        raw = await self._change(self.space(space_id), tube, task, requeued)
-        tube.wake_one_consumer()
-        tube.wake_monitor()
-        tube.count("requeue")
-        return raw
+        def after() -> None:
+            tube.wake_one_consumer()
+            tube.wake_monitor()
+            tube.count("requeue")
 
-    async def delete(self, space_id: int, task_id: Any) -> bytes:
+        return self._change(self.space(space_id), tube, task, requeued, after=after)
+
+    def delete(self, space_id: int, task_id: Any) -> Later[bytes]:
         tube, task = self.find(space_id, task_id)
         tube.count("delete")
-        return await self._delete(self.space(space_id), tube, task)
+        return self._delete(self.space(space_id), tube, task)
 
     async def truncate(self, space_id: int, tube_name: str) -> int:
         space = self.space(space_id)

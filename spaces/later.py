@@ -1,0 +1,96 @@
+"""A result promised now and delivered later, without a task to wait for it.
+
+Most writes finish when their group commit returns, a few hundred microseconds after the call that
+made them. Spawning a trio task per call only to wait for that costs more than the write itself on
+a busy server, so a write path may instead return a :class:`Later`: the iproto dispatcher registers
+a callback with :meth:`Later.then` and replies from it, the way it already replies to DML writes;
+any other caller simply ``await``s it.
+
+A Later is settled exactly once, always on the event loop thread, and has at most one consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+import trio
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+Settled = Callable[[Any, BaseException | None], None]
+
+
+def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
+    # The operation happens anyway; its caller must hear how it went.
+    return trio.lowlevel.Abort.FAILED
+
+
+class Later(Generic[T]):
+    """One value or one error, later. ``await`` it, or pass a callback to :meth:`then`."""
+
+    __slots__ = ("_settled", "_value", "_error", "_callback")
+
+    def __init__(self) -> None:
+        self._settled = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callback: Settled | None = None
+
+    @classmethod
+    def done(cls, value: T) -> Later[T]:
+        """An already settled Later (an operation that needed no write)."""
+        later: Later[T] = cls()
+        later._settled = True
+        later._value = value
+        return later
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        if self._settled:
+            raise RuntimeError("a Later is settled once")
+        self._settled = True
+        self._value = value
+        self._error = error
+        callback = self._callback
+        if callback is not None:
+            self._callback = None
+            callback(value, error)
+
+    def then(self, callback: Settled) -> None:
+        """Run ``callback(value, error)`` once settled: now if it already is."""
+        if self._callback is not None:
+            raise RuntimeError("a Later has one consumer")
+        if self._settled:
+            callback(self._value, self._error)
+        else:
+            self._callback = callback
+
+    def map(self, fn: Callable[[T], U]) -> Later[U]:
+        """A Later of ``fn(value)``; an error passes through, and so does one raised by ``fn``."""
+        out: Later[U] = Later()
+
+        def forward(value: Any, error: BaseException | None) -> None:
+            if error is None:
+                try:
+                    value = fn(value)
+                except Exception as exc:
+                    out.settle(None, exc)
+                    return
+            out.settle(value, error)
+
+        self.then(forward)
+        return out
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self._settled:
+            task = trio.lowlevel.current_task()
+            self._callback = lambda _value, _error: trio.lowlevel.reschedule(task)
+            yield from trio.lowlevel.wait_task_rescheduled(_refuse_cancel).__await__()
+        if self._error is not None:
+            raise self._error
+        return self._value
