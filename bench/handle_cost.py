@@ -102,12 +102,14 @@ def queue_workload(count: int) -> None:
     import trio
 
     from boxqueue import process
+    from boxqueue.cli import tune_interpreter
     from boxqueue.config import load_config
     from boxqueue.process import Server
     from storage.environment import Storage
 
     # valgrind refuses the default 1 TiB map reservation.
     process.Storage = functools.partial(Storage, map_size=1 << 28)  # type: ignore[misc]
+    tune_interpreter()
 
     workdir = tempfile.mkdtemp(prefix="handle_cost")
     config_path = Path(workdir) / "queue.toml"

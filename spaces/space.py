@@ -57,6 +57,8 @@ def _both(raw: bytes | None, fields: list[Any] | None) -> tuple[bytes, list[Any]
     return raw, decode_tuple(raw) if fields is None else fields
 
 
+_NIL_PART = keys.encode_part(None)
+
 _FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
     fieldtypes.UNSIGNED: keys.encode_unsigned_key,
     fieldtypes.STRING: keys.encode_string_key,
@@ -75,6 +77,7 @@ class Index:
         self.unique = defn.unique
         self.parts = defn.parts
         self.fieldnos = tuple(p.field for p in defn.parts)
+        self._last_field = max(self.fieldnos)
         self.part_count = len(defn.parts)
         self.has_nullable = any(p.is_nullable for p in defn.parts)
         self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
@@ -91,14 +94,21 @@ class Index:
 
     def entry_key(self, fields: list[Any], pk_encoded: bytes) -> tuple[bytes, bool]:
         """The full (uncut) key of this tuple's entry, and whether it is a unique-form entry."""
-        n = len(fields)
-        key = [fields[f] if f < n else None for f in self.fieldnos]
-        encoded = keys.encode(key)
+        encode_part = keys.encode_part
+        if len(fields) > self._last_field:
+            encoded = b"".join([encode_part(fields[f]) for f in self.fieldnos])
+        else:  # absent trailing fields are nil
+            n = len(fields)
+            encoded = b"".join([encode_part(fields[f]) if f < n else _NIL_PART for f in self.fieldnos])
         if self.iid == 0:
             return encoded, True
-        if self.unique and not (self.has_nullable and None in key):
+        if self.unique and not (self.has_nullable and self._has_nil(fields)):
             return encoded, True
         return encoded + pk_encoded, False
+
+    def _has_nil(self, fields: list[Any]) -> bool:
+        n = len(fields)
+        return any(f >= n or fields[f] is None for f in self.fieldnos)
 
     def check_key(self, key: list[Any], exact: bool) -> None:
         """Tarantool's key checks: part count (31, or 41/19 for exact matches), part types (18)."""
@@ -405,8 +415,8 @@ class Space(IndexLookup):
             primary = self._primary()
             new_raw = transform(raw)
             new_fields = decode_tuple(new_raw)
-            pk = keys.encode(primary.key_of(fields))
-            if keys.encode(primary.key_of(new_fields)) != pk:
+            pk = keys.encode(primary.key_of(new_fields))
+            if keys.stored_form(pk) != pk_stored:
                 raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
             self.check_tuple(new_fields)
             new_entries = self._entries(new_fields, pk)

@@ -103,10 +103,22 @@ def _encode_str(value: str) -> bytes:
     return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
 
 
+def _small_uint(value: int) -> bytes:
+    b = bytearray(_D.pack(value))  # a non-negative double's bits, sign bit set
+    b[0] |= 0x80
+    return b"\x20" + b + b"\x00"
+
+
+# Priorities, counters and small ids recur in most keys.
+_SMALL_UINTS = tuple(_small_uint(i) for i in range(4096))
+
+
 def encode_part(value: Any) -> bytes:
     """Encode one key part; raises ``TypeError`` for values no index can hold."""
     t = type(value)
     if t is int:
+        if 0 <= value < 4096:
+            return _SMALL_UINTS[value]
         if 0 <= value <= _EXACT_INT:  # the common case, inlined: a non-negative double's bits
             b = bytearray(_D.pack(value))
             b[0] |= 0x80

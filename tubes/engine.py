@@ -297,7 +297,7 @@ class QueueEngine:
         else:
             status, event = READY, created + ttl
         task = Task(self._new_id(), tube_name, status, event, MED_PRI if ipri is None else ipri, pri, 0, created, ttl, ttr)
-        raw = encode_task(task.header(), len(data), b"".join(pack(v) for v in data))
+        raw = pack(task.header() + data)
         write = space.prepare_put(raw, decode_tuple(raw), INSERT)
         later: Later[bytes] = Later()
 

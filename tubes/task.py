@@ -118,7 +118,9 @@ def split_data(raw: bytes) -> tuple[int, bytes]:
 
 def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
     """A task tuple from its 12 header fields and data that is already msgpack."""
-    return array_header(HEADER_FIELDS + data_count) + b"".join(pack(v) for v in header) + data_raw
+    # The header packs in one call; its own array header (one byte: 12 < 16) gives way to the
+    # tuple's.
+    return array_header(HEADER_FIELDS + data_count) + pack(header)[1:] + data_raw
 
 
 def rettask(raw: bytes) -> Raw:
