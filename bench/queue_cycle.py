@@ -473,6 +473,7 @@ class Measurement:
     error_samples: list[str]
     failure: str | None
     gen_cpu: float
+    server_cpu_us_per_task: float
     procs: int
     duration_s: float
     client_backlog_final: int = 0  # puts ok - acks ok over the whole run
@@ -492,7 +493,13 @@ def quantiles_ms(raw: Sequence[bytes]) -> tuple[float, float]:
     return percentile(ordered, 0.50) / 1e6, percentile(ordered, 0.99) / 1e6
 
 
-def measure(port: int, wal: str, args: argparse.Namespace) -> Measurement:
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(port: int, wal: str, args: argparse.Namespace, server_pid: int | None = None) -> Measurement:
     ctx = get_context("fork")
     procs = max(1, min(args.procs, args.producers + args.consumers))
     producers = split_evenly(args.producers, procs)
@@ -533,6 +540,12 @@ def measure(port: int, wal: str, args: argparse.Namespace) -> Measurement:
         barrier.wait(timeout=60)
     except Exception:  # noqa: BLE001 - the workers report why
         pass
+    server_cpu_s = 0.0
+    if server_pid is not None:  # the server's CPU over the measured window, sampled from here
+        time.sleep(max(0.0, start_at.value + args.warmup - time.monotonic()))
+        cpu_begin = process_cpu_s(server_pid)
+        time.sleep(max(0.0, start_at.value + args.warmup + args.duration - time.monotonic()))
+        server_cpu_s = process_cpu_s(server_pid) - cpu_begin
     results: list[WorkerResult] = []
     deadline = time.monotonic() + args.warmup + args.duration + 60
     while len(results) < len(workers):
@@ -573,6 +586,7 @@ def measure(port: int, wal: str, args: argparse.Namespace) -> Measurement:
         error_samples=sorted({s for r in results for s in r.error_samples})[:5],
         failure="; ".join(failures) or None,
         gen_cpu=sum(r.cpu_busy for r in results) / len(results),
+        server_cpu_us_per_task=server_cpu_s * 1e6 / acks if acks and server_pid else 0.0,
         procs=procs,
         duration_s=args.duration,
         client_backlog_final=sum(r.puts_total - r.acks_total for r in results),
@@ -680,13 +694,14 @@ def result_row(m: Measurement) -> list[str]:
         f"{m.held:.0%}",
         str(m.errors),
         f"{m.gen_cpu:.0%}",
+        f"{m.server_cpu_us_per_task:.0f}",
         status,
     ]
 
 
 HEADERS = [
     "wal", "tasks/s", "puts/s", "take p50", "take p99", "empty takes", "put p50", "put p99",
-    "backlog start", "backlog end", "held", "errors", "gen cpu", "status",
+    "backlog start", "backlog end", "held", "errors", "gen cpu", "server cpu us/task", "status",
 ]  # fmt: skip
 
 
@@ -827,7 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[wal={wal}] starting server", flush=True)
         try:
             with QueueServer("ours", wal, args) as server:
-                m = measure(server.port, wal, args)
+                m = measure(server.port, wal, args, server.proc.pid if server.proc else None)
                 if server.proc is not None and server.proc.poll() is not None:
                     raise RuntimeError(f"server exited during the run\n{server.log_tail()}")
                 try:
