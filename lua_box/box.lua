@@ -17,6 +17,7 @@ local clock = py.clock
 local string_format = string.format
 
 jit.off()  -- count hooks do not fire inside compiled traces: user code stays interpreted
+string.dump = nil  -- no bytecode in or out: crafted bytecode can crash the VM
 
 local internal = {}
 
@@ -202,6 +203,8 @@ G.os = {time = os.time, clock = os.clock, date = os.date, difftime = os.difftime
 G._VERSION = _VERSION
 G._G = G
 G.loadstring = function(code, name)
+    if type(code) ~= 'string' then return nil, 'loadstring: a string is expected' end
+    if code:byte(1) == 27 then return nil, 'loadstring: bytecode is not accepted' end
     local fn, err = loadstring(code, name)
     if fn then setfenv(fn, G) end
     return fn, err
@@ -398,6 +401,7 @@ end
 
 -- Compile a chunk in the sandbox; nil and the message when it does not compile.
 function internal.compile(code, chunkname)
+    if code:byte(1) == 27 then return nil, 'bytecode is not accepted' end
     local fn, err = loadstring(code, chunkname)
     if not fn then return nil, err end
     return setfenv(fn, G), nil

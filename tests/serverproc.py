@@ -91,6 +91,8 @@ class ServerProcess:
         log.close()
         try:
             wait_for_greeting(self.port, timeout, self.proc)
+            if self.admin_port is not None:  # listeners start one after the other
+                wait_for_greeting(self.admin_port, timeout, self.proc)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()}") from None
 

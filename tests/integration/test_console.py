@@ -170,6 +170,10 @@ def test_sandbox_has_no_os_exit_or_io(console):
     assert console.run("os.exit") == "---\n- null\n...\n"
     assert console.run("io") == "---\n- null\n...\n"
     assert console.run("require('ffi')") == "---\n- error: module 'ffi' not found\n...\n"
+    assert console.run("string.dump, ('').dump") == "---\n- null\n- null\n...\n"
+    assert console.run("loadstring(string.char(27) .. 'LJ')") == (
+        "---\n- null\n- 'loadstring: bytecode is not accepted'\n...\n"
+    )
     assert console.run("1") == "---\n- 1\n...\n"
 
 
@@ -317,6 +321,9 @@ def test_eval(conn):
     assert conn.eval("return box.tuple.new{1, 2}").data == [[1, 2]]
     assert conn.eval("return box.space.queue:len()").data[0] >= 0
     assert conn.eval("return 2^53, 0.5").data == [2**53, 0.5]
+    with pytest.raises(DatabaseError) as err:
+        conn.eval("\x1bLJ\x02")
+    assert err.value.args == (32, "bytecode is not accepted")
 
 
 def test_eval_errors(conn):
