@@ -17,6 +17,7 @@ from errcodes import BoxError
 from iproto_server.builtins import register_builtins
 from iproto_server.console import ConsoleServer
 from iproto_server.dispatch import Dispatcher
+from iproto_server.request_stats import RequestStats
 from iproto_server.server import IprotoServer
 from iproto_server.session import Session
 from lua_box.engine import LuaEngine, LuaLimits
@@ -141,17 +142,19 @@ class Server:
             procedures = Procedures(catalog.functions)
             register_builtins(procedures, catalog)
             procedures.add_resolver(space_method_resolver(catalog))
+            stats = RequestStats()
             lua = self.lua = LuaEngine(
                 catalog,
                 procedures,
                 LuaLimits(config.lua.time_limit_s, config.lua.memory_limit_bytes),
                 cfg=cfg_view(config),
+                stats=stats,
             )
 
             async def eval_handler(session: Session, expr: str, args: list) -> list:
                 return await lua.eval(session.context, expr, args)
 
-            dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler)
+            dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
             console = ConsoleServer(
                 catalog, lua.console, require_login=bool(config.users),
                 max_statement_bytes=config.iproto.max_packet_bytes,
@@ -170,6 +173,7 @@ class Server:
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
+                await root.start(stats.run)
                 await create_configured_spaces(catalog, config.spaces)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)

@@ -277,6 +277,8 @@ box.info = setmetatable({}, {
     __call = function() return op('call', 'box.info') end,
     __index = function(_, key) return (op('call', 'box.info'))[key] end,
 })
+box.stat = function() return op('stat') end
+
 -- A read-only view of the configuration (given once: it does not change while running).
 box.cfg = setmetatable({}, {
     __index = function(_, key) return py.cfg[key] end,

@@ -63,10 +63,10 @@ class LuaEngine:
     """The runtime, the ``box`` bindings and the job driver."""
 
     def __init__(self, catalog: Catalog, procedures: Procedures, limits: LuaLimits,
-                 cfg: dict[str, Any] | None = None) -> None:
+                 cfg: dict[str, Any] | None = None, stats: Any = None) -> None:
         self.limits = limits
         self.procedures = procedures
-        self.operations = Operations(catalog, procedures, cfg or {})
+        self.operations = Operations(catalog, procedures, cfg or {}, stats)
         self._lua = luajit21.LuaRuntime(
             encoding=None,
             unpack_returned_tuples=True,

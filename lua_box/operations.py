@@ -32,6 +32,13 @@ class Job:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Space methods called from Lua, counted in box.stat() like the requests they stand for.
+_COUNTED_AS = {
+    "select": "SELECT", "get": "SELECT", "insert": "INSERT", "replace": "REPLACE",
+    "update": "UPDATE", "upsert": "UPSERT", "delete": "DELETE",
+}
+
+
 def _opts(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -107,10 +114,11 @@ def space_info(space: Any) -> dict[str, Any]:
 class Operations:
     """The operations by name; :meth:`get` is what the driver looks up."""
 
-    def __init__(self, catalog: Catalog, procedures: Procedures, cfg: dict[str, Any]) -> None:
+    def __init__(self, catalog: Catalog, procedures: Procedures, cfg: dict[str, Any], stats: Any = None) -> None:
         self.catalog = catalog
         self.procedures = procedures
         self.cfg = cfg
+        self.stats = stats  # request counters (iproto_server.request_stats), shown by box.stat()
         self._table: dict[str, Callable[..., Any]] = {
             "call": self.call,
             "space": self.space,
@@ -125,6 +133,7 @@ class Operations:
             "user_grant": self.user_grant,
             "user_exists": self.user_exists,
             "console_delimiter": self.console_delimiter,
+            "stat": self.stat,
         }
 
     def get(self, name: str) -> Callable[..., Any]:
@@ -149,7 +158,15 @@ class Operations:
         entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
         if entry is None:
             raise BoxError(ER.NO_SUCH_PROC, f"space method '{method}'")
+        counted = _COUNTED_AS.get(method)
+        if counted is not None and self.stats is not None:
+            self.stats.count_name(counted)
         return entry.fn(job.ctx, *args)
+
+    def stat(self, job: Job) -> list[Any]:
+        if self.stats is None:
+            return [{}]
+        return [self.stats.snapshot()]
 
     def space_info(self, job: Job, ref: Any) -> list[Any]:
         if not isinstance(ref, int | str) or isinstance(ref, bool):

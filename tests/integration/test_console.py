@@ -196,6 +196,29 @@ def test_box_info_session_cfg(console, lua_server):
     assert console.run("box.cfg.listen") == f"---\n- 127.0.0.1:{lua_server.port}\n...\n"
 
 
+def _number(answer: str) -> int:
+    assert answer.startswith("---\n- ") and answer.endswith("\n...\n"), answer
+    return int(answer[6:-5])
+
+
+def test_box_stat_counts_requests(console, conn):
+    conn.select("queue", limit=1)  # the connector loads its schema first: not counted below
+    selects, errors = _number(console.run("box.stat().SELECT.total")), _number(console.run("box.stat().ERROR.total"))
+    conn.select("queue", limit=1)
+    conn.select("queue", limit=1)
+    console.run("box.space.queue:select({}, {limit = 1})")
+    with pytest.raises(DatabaseError):
+        conn.eval("error('counted')")
+    assert _number(console.run("box.stat().SELECT.total")) == selects + 3
+    assert _number(console.run("box.stat().ERROR.total")) == errors + 1
+    assert _number(console.run("box.stat().EVAL.total")) >= 1
+    time.sleep(0.2)  # the rate is measured over at least 0.1 s, at most about 6
+    for _ in range(60):
+        conn.select("queue", limit=1)
+    # 60 selects within the window: at least 60 / 6 per second
+    assert _number(console.run("box.stat().SELECT.rps")) >= 8
+
+
 def test_space_methods(console, conn):
     name = unique("sp")
     sp = f"box.space.{name}"
