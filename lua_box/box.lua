@@ -388,17 +388,22 @@ box.schema = {
     },
 }
 
--- Functions defined by user code that CALL may run: names of G holding functions.
+-- What user code defined that CALL may reach: names of globals holding functions, and of
+-- globals holding tables (for `app.handler` and `app:method`).
 local builtin = {}
 for k in pairs(G) do builtin[k] = true end
 function internal.user_functions()
-    local names = {}
+    local functions, tables = {}, {}
     for k, v in pairs(G) do
-        if type(k) == 'string' and not builtin[k] and type(v) == 'function' then
-            names[#names + 1] = k
+        if type(k) == 'string' and not builtin[k] then
+            if type(v) == 'function' then
+                functions[#functions + 1] = k
+            elseif type(v) == 'table' then
+                tables[#tables + 1] = k
+            end
         end
     end
-    return names
+    return functions, tables
 end
 
 -- Compile a chunk in the sandbox; nil and the message when it does not compile.
@@ -409,15 +414,28 @@ function internal.compile(code, chunkname)
     return setfenv(fn, G), nil
 end
 
--- A global function by dotted name (`f`, `app.handler`), for CALL.
-function internal.global_function(name)
+-- A global function by name, for CALL: `f`, `app.handler`, or `app:method` (called with `app`
+-- as its first argument, as Tarantool does). Returns the function and the object, if any.
+local function lookup(path)
     local v = G
-    for part in string.gmatch(name, '[^.]+') do
+    for part in string.gmatch(path, '[^.]+') do
         if type(v) ~= 'table' then return nil end
-        v = rawget(v, part)
+        v = v[part]
     end
-    if type(v) == 'function' then return v end
-    return nil
+    return v
+end
+function internal.global_function(name)
+    local object_path, method = string.match(name, '^(.+):([^.:]+)$')
+    if object_path then
+        local object = lookup(object_path)
+        if type(object) ~= 'table' then return nil, nil end
+        local fn = object[method]
+        if type(fn) == 'function' then return fn, object end
+        return nil, nil
+    end
+    local v = lookup(name)
+    if type(v) == 'function' then return v, nil end
+    return nil, nil
 end
 
 function internal.collect()

@@ -37,7 +37,7 @@ from errcodes import ER, BoxError
 from lua_box.operations import Job, Operations
 from lua_box.values import LuaValues
 from spaces.catalog import Catalog
-from spaces.procedures import CallContext, Procedures
+from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class LuaEngine:
         self._ids = itertools.count(1)
         self._slot = trio.Lock()
         self._lua_procedures: set[str] = set()
+        self._lua_tables: frozenset[str] = frozenset()
+        procedures.add_resolver(self._resolve_in_table)
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -132,10 +134,10 @@ class LuaEngine:
         """CALL of a global Lua function defined from the console or EVAL."""
 
         def prepare() -> tuple[Any, list[Any]] | BoxError:
-            fn = self._global_function(name.encode())
+            fn, obj = self._global_function(name.encode())
             if fn is None:
                 return BoxError(ER.NO_SUCH_PROC, name)
-            return fn, list(args)
+            return fn, [obj, *args] if obj is not None else list(args)
 
         outcome = await self._run(Job(ctx), prepare, tuples_as_raw=False)
         if outcome.error is not None:
@@ -220,6 +222,12 @@ class LuaEngine:
             self._forget(job_id)
             exc.console_value = exc.message  # type: ignore[attr-defined]
             return ("done", Outcome(False, [], exc), None)
+        except Exception as exc:  # a bug on our side: this job fails, the engine goes on
+            log.exception("Lua job %d failed in the driver", job_id)
+            self._forget(job_id)
+            error = BoxError(ER.PROC_LUA, message=f"internal error: {type(exc).__name__}")
+            error.console_value = error.message  # type: ignore[attr-defined]
+            return ("done", Outcome(False, [], error), None)
 
     def _memory_message(self) -> str:
         return f"Lua memory limit exceeded ({self.limits.memory_limit_bytes} bytes)"
@@ -233,17 +241,22 @@ class LuaEngine:
         finally:
             self._lua.set_max_memory(self.limits.memory_limit_bytes)
 
-    def _function_names(self) -> list[str]:
-        names = self._user_functions()
-        return [names[i].decode() for i in range(1, len(names) + 1)]
+    def _function_names(self) -> tuple[list[str], list[str]]:
+        functions, tables = self._user_functions()
+        return (
+            [functions[i].decode() for i in range(1, len(functions) + 1)],
+            [tables[i].decode() for i in range(1, len(tables) + 1)],
+        )
 
     # -- Lua functions as procedures ---------------------------------------------------------
 
-    def _sync_functions(self, names: list[str] | None) -> None:
+    def _sync_functions(self, names: tuple[list[str], list[str]] | None) -> None:
         """Make the global Lua functions callable over CALL (on the event loop)."""
         if names is None:
             return
-        current = set(names)
+        functions, tables = names
+        self._lua_tables = frozenset(tables)
+        current = set(functions)
         for name in self._lua_procedures - current:
             self.procedures.unregister(name)
         ours = set()
@@ -255,6 +268,13 @@ class LuaEngine:
                 self.procedures.register(name, self._procedure(name))
                 ours.add(name)
         self._lua_procedures = ours
+
+    def _resolve_in_table(self, name: str) -> ProcedureEntry | None:
+        """``app.handler`` and ``app:method`` where ``app`` is a global table user code made."""
+        head = name.split(".", 1)[0].split(":", 1)[0]
+        if head == name or head not in self._lua_tables:
+            return None
+        return make_entry(name, self._procedure(name))
 
     def _procedure(self, name: str) -> Callable[..., Awaitable[list[Any]]]:
         async def call(ctx: CallContext, *args: Any) -> list[Any]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lupa import luajit21
+
 from errcodes import ER, BoxError
 from spaces.msgpack_values import Raw, pack, unpack
 
@@ -50,6 +52,8 @@ class LuaValues:
         kind = type(value)
         if value is None:
             return self._null if nested else None
+        if luajit21.lua_type(value) is not None:  # already a Lua object
+            return value
         if kind is bool or kind is float:
             return value
         if kind is int:

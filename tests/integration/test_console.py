@@ -382,6 +382,30 @@ def test_lua_functions_are_callable(console, conn):
     assert err.value.args == (33, f"Procedure '{fn}' is not defined")
 
 
+def test_functions_in_global_tables_are_callable(console, conn):
+    app = unique("app")
+    console.run(f"{app} = {{n = 5}}")
+    console.run(f"function {app}.add(x, y) return x + y end")
+    console.run(f"function {app}:scaled(x) return self.n * x end")
+    assert conn.call(f"{app}.add", [2, 3]).data == [5]
+    assert conn.call(f"{app}:scaled", [4]).data == [20]
+    with pytest.raises(DatabaseError) as err:
+        conn.call(f"{app}.nosuch")
+    assert err.value.args == (33, f"Procedure '{app}.nosuch' is not defined")
+
+
+def test_a_console_take_is_released_when_the_console_closes(lua_server, conn):
+    tube = unique("rel")
+    conn.call("box.queue.put", [0, tube, 0, 0, 0, 0, "x"])
+    c = Console(lua_server.admin_port)
+    assert f"'{tube}', 'taken', 'x']" in c.run(f"box.queue.take(0, '{tube}', 1)")
+    c.close()
+    deadline = time.monotonic() + 5
+    while conn.select(0, [tube, "r"], index="tube_status").data == [] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(conn.select(0, [tube, "r"], index="tube_status").data) == 1  # back to ready
+
+
 def test_read_only_port_refuses_writes_from_eval(lua_server):
     c = tarantool.connect("127.0.0.1", lua_server.ro_port)
     try:
