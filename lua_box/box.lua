@@ -372,6 +372,28 @@ end
 
 -- box.schema --------------------------------------------------------------------------------
 
+-- A function from the source of a function expression, as `box.schema.func.create` takes it.
+local function compile_body(name, body)
+    local function fail(why)
+        error(new_error(50, string_format("Failed to create function '%s': %s", tostring(name), why)), 0)
+    end
+    if type(name) ~= 'string' then fail('name must be a string') end
+    if type(body) ~= 'string' then fail('body must be a string') end
+    local chunk, err = internal.compile('return ' .. body, '=' .. name)
+    if not chunk then fail(err) end
+    local ok, fn = raw_pcall(chunk)
+    if not ok or type(fn) ~= 'function' then fail('body must be a function expression') end
+    return fn
+end
+
+-- Defines a persisted function at start; false and the reason when its body no longer compiles.
+function internal.define(name, body)
+    local ok, fn = raw_pcall(compile_body, name, body)
+    if not ok then return false, tostring(fn) end
+    G[name] = fn
+    return true, nil
+end
+
 local function create_space(name, opts)
     return space_object(op('create_space', name, opts))
 end
@@ -385,6 +407,19 @@ box.schema = {
         end,
         exists = function(name) return op('user_exists', name) end,
         passwd = function() error('box.schema.user.passwd is not supported by boxqueue', 2) end,
+    },
+    func = {
+        create = function(name, opts)
+            opts = opts or {}
+            local fn = nil
+            if opts.body ~= nil then fn = compile_body(name, opts.body) end
+            if op('func_create', name, opts.body, opts.if_not_exists) and fn then G[name] = fn end
+        end,
+        drop = function(name, opts)
+            local dropped, had_body = op('func_drop', name, (opts or {}).if_exists)
+            if dropped and had_body then G[name] = nil end
+        end,
+        exists = function(name) return op('func_exists', name) end,
     },
 }
 

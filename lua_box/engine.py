@@ -35,6 +35,7 @@ from lupa import luajit21
 
 from errcodes import ER, BoxError
 from lua_box.operations import Job, Operations
+from lua_box.persisted_functions import PersistedFunctions
 from lua_box.values import LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
@@ -66,7 +67,8 @@ class LuaEngine:
                  cfg: dict[str, Any] | None = None, stats: Any = None) -> None:
         self.limits = limits
         self.procedures = procedures
-        self.operations = Operations(catalog, procedures, cfg or {}, stats)
+        self.functions = PersistedFunctions(catalog.storage, catalog.committer)
+        self.operations = Operations(catalog, procedures, cfg or {}, stats, self.functions)
         self._lua = luajit21.LuaRuntime(
             encoding=None,
             unpack_returned_tuples=True,
@@ -96,6 +98,18 @@ class LuaEngine:
         self._lua_procedures: set[str] = set()
         self._lua_tables: frozenset[str] = frozenset()
         procedures.add_resolver(self._resolve_in_table)
+        self._define_persisted()
+
+    def _define_persisted(self) -> None:
+        """The functions of box.schema.func.create, defined again (at start, before any job)."""
+        define = self._internal[b"define"]
+        for name, body in self.functions.load().items():
+            if body is None:
+                continue
+            ok, why = define(name.encode(), body.encode())
+            if not ok:
+                log.warning("persisted Lua function %s is not defined: %s", name, self.values.from_lua(why, False))
+        self._sync_functions(self._function_names())
 
     # -- entry points ------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from errcodes import ER, BoxError
+from lua_box.persisted_functions import PersistedFunctions
 from spaces import access as acl
 from spaces import fieldtypes
 from spaces.catalog import Catalog
@@ -114,8 +115,10 @@ def space_info(space: Any) -> dict[str, Any]:
 class Operations:
     """The operations by name; :meth:`get` is what the driver looks up."""
 
-    def __init__(self, catalog: Catalog, procedures: Procedures, cfg: dict[str, Any], stats: Any = None) -> None:
+    def __init__(self, catalog: Catalog, procedures: Procedures, cfg: dict[str, Any], stats: Any = None,
+                 functions: PersistedFunctions | None = None) -> None:
         self.catalog = catalog
+        self.functions = functions
         self.procedures = procedures
         self.cfg = cfg
         self.stats = stats  # request counters (iproto_server.request_stats), shown by box.stat()
@@ -134,6 +137,9 @@ class Operations:
             "user_exists": self.user_exists,
             "console_delimiter": self.console_delimiter,
             "stat": self.stat,
+            "func_create": self.func_create,
+            "func_drop": self.func_drop,
+            "func_exists": self.func_exists,
         }
 
     def get(self, name: str) -> Callable[..., Any]:
@@ -277,6 +283,28 @@ class Operations:
 
     def user_exists(self, job: Job, name: Any = None) -> list[Any]:
         return [isinstance(name, str) and name in self.catalog.access.users]
+
+    # -- persisted functions -----------------------------------------------------------------
+
+    def _functions(self) -> PersistedFunctions:
+        if self.functions is None:
+            raise BoxError(ER.UNSUPPORTED, "boxqueue", "box.schema.func without storage")
+        return self.functions
+
+    async def func_create(self, job: Job, name: Any = None, body: Any = None, if_not_exists: Any = None) -> list[Any]:
+        self._ddl(job)
+        if not isinstance(name, str) or not name:
+            raise BoxError(ER.ILLEGAL_PARAMS, "name should be a string")
+        return [await self._functions().create(name, body if isinstance(body, str) else None, bool(if_not_exists))]
+
+    async def func_drop(self, job: Job, name: Any = None, if_exists: Any = None) -> list[Any]:
+        self._ddl(job)
+        functions = self._functions()
+        had_body = isinstance(name, str) and functions.bodies.get(name) is not None
+        return [await functions.drop(name, bool(if_exists)), had_body]
+
+    def func_exists(self, job: Job, name: Any = None) -> list[Any]:
+        return [isinstance(name, str) and self._functions().exists(name)]
 
     # -- console -----------------------------------------------------------------------------
 

@@ -469,6 +469,16 @@ def test_ddl_and_data_survive_a_restart(tmp_path):
         assert created == "---\n- 512\n...\n"
         c.run("box.space.jobs:create_index('pk')")
         c.run("box.space.jobs:create_index('body', {parts = {'body'}, unique = false})")
+        body = "function(n) return box.space.jobs:get(n)[2] .. '!' end"
+        assert c.run(f"box.schema.func.create('shout', {{body = \"{body}\"}})") == EMPTY
+        assert c.run("box.schema.func.create('named_only')") == EMPTY
+        assert c.run("box.schema.func.create('shout', {body = 'function() end'})") == (
+            "---\n- error: Function 'shout' already exists\n...\n"
+        )
+        assert c.run("box.schema.func.create('bad', {body = 'x +'})").startswith(
+            "---\n- error: 'Failed to create function ''bad'': "
+        )
+        assert c.run("transient = function() return 1 end") == EMPTY
         assert c.run("box.space.jobs:insert{1, 'one'}") == "---\n- [1, 'one']\n...\n"
         c.close()
         proc.kill()  # kill -9: only what was committed may come back
@@ -477,10 +487,21 @@ def test_ddl_and_data_survive_a_restart(tmp_path):
         assert c.run("box.space.jobs:select{}") == "---\n- - [1, 'one']\n...\n"
         assert c.run("box.space.jobs.index.body:select{'one'}") == "---\n- - [1, 'one']\n...\n"
         assert c.run("box.space.jobs.index.body.parts[1].fieldno") == "---\n- 2\n...\n"
-        c.close()
+        assert c.run("shout(1)") == "---\n- one!\n...\n"
+        assert c.run("box.schema.func.exists('named_only'), box.schema.func.exists('bad')") == (
+            "---\n- true\n- false\n...\n"
+        )
+        assert c.run("transient") == "---\n- null\n...\n"  # plain globals live as long as the process
         conn = tarantool.connect("127.0.0.1", proc.port)
         assert conn.select("jobs", "one", index="body").data == [[1, "one"]]
+        assert conn.call("shout", [1]).data == ["one!"]  # a persisted function is callable at once
+        assert c.run("box.schema.func.drop('shout')") == EMPTY
+        with pytest.raises(DatabaseError) as err:
+            conn.call("shout", [1])
+        assert err.value.args[0] == 33
+        assert c.run("box.schema.func.drop('shout')") == "---\n- error: Function 'shout' does not exist\n...\n"
         conn.close()
+        c.close()
     finally:
         proc.kill()
 
