@@ -174,6 +174,7 @@ class Server:
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await root.start(stats.run)
+                await root.start(lua.run)
                 await create_configured_spaces(catalog, config.spaces)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)

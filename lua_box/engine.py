@@ -4,12 +4,14 @@ One runtime serves the whole server, like Tarantool's one Lua state: globals and
 defined from the console or EVAL are visible to every later chunk and to CALL.
 
 A job (a console statement, an EVAL chunk, a CALL of a Lua function) is a Lua coroutine. The
-driver resumes it in a worker thread (lupa releases the GIL while Lua runs, so the event loop
-keeps serving other connections even while a chunk computes). Whenever the chunk calls into
-``box``, the coroutine yields the request; the driver runs it on the event loop, awaiting it if
-it waits (a commit, a queue take), and resumes the coroutine with the answer. So nothing blocks
-the loop, and Python objects (LMDB read transactions above all) are only touched on the loop.
-Only one thread runs Lua at a time (the runtime is one Lua state); a trio lock orders them.
+driver resumes it in the Lua thread (one thread, as the runtime is one Lua state; lupa releases
+the GIL while Lua runs, so the event loop keeps serving other connections even while a chunk
+computes). Whenever the chunk calls into ``box``, the coroutine yields the request; the driver
+runs it on the event loop, awaiting it if it waits (a commit, a queue take), and resumes the
+coroutine with the answer. So nothing blocks the loop, and Python objects (LMDB read
+transactions above all) are only touched on the loop. The Lua thread lives inside
+:meth:`LuaEngine.run`, a task of the server's root nursery; steps reach it through a queue and
+their results come back through the trio token.
 
 Limits: a job may run Lua for ``time_limit_s`` seconds in all (time spent waiting for ``box``
 operations does not count), checked by a count hook every 10,000 VM instructions; the JIT is
@@ -24,12 +26,16 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import queue
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from typing import Any
 
+import outcome
 import trio
 from lupa import luajit21
 
@@ -43,6 +49,7 @@ from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entr
 log = logging.getLogger(__name__)
 
 LUA_IMPLEMENTATION = "LuaJIT 2.1 (lupa.luajit21)"
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,8 @@ class LuaEngine:
         self._user_functions = self._internal[b"user_functions"]
         self._collect = self._internal[b"collect"]
         self._ids = itertools.count(1)
-        self._slot = trio.Lock()
+        self._steps: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._token: trio.lowlevel.TrioToken | None = None
         self._lua_procedures: set[str] = set()
         self._lua_tables: frozenset[str] = frozenset()
         procedures.add_resolver(self._resolve_in_table)
@@ -158,6 +166,46 @@ class LuaEngine:
             raise outcome.error
         return outcome.values
 
+    # -- the Lua thread ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the Lua thread until cancelled (owned by the caller's nursery)."""
+        self._token = trio.lowlevel.current_trio_token()
+        # The Lua thread and the event loop hand the GIL to each other at every step; with the
+        # default 5 ms switch interval a busy loop would keep the Lua thread waiting that long.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(trio.to_thread.run_sync, self._thread_main))
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._steps.put(None)  # the thread ends after the steps queued before this
+
+    def _thread_main(self) -> None:
+        """Run queued steps one after the other; each result goes back to the event loop."""
+        while (step := self._steps.get()) is not None:
+            step()
+
+    async def _in_lua_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the Lua thread, without blocking the event loop meanwhile."""
+        token = self._token
+        if token is None:
+            raise BoxError(ER.PROC_LUA, message="the Lua engine is not running")
+        finished = trio.Event()
+        results: list[outcome.Outcome] = []
+
+        def deliver(result: outcome.Outcome) -> None:
+            results.append(result)
+            finished.set()
+
+        def step() -> None:
+            token.run_sync_soon(deliver, outcome.capture(fn, *args))
+
+        self._steps.put(step)
+        await finished.wait()
+        return results[0].unwrap()
+
     # -- the driver --------------------------------------------------------------------------
 
     async def _run(self, job: Job, prepare: Callable[[], Any], *, tuples_as_raw: bool) -> Outcome:
@@ -168,10 +216,8 @@ class LuaEngine:
         try:
             while True:
                 budget = max(self.limits.time_limit_s - spent, 0.0)
-                async with self._slot:
-                    began = time.monotonic()
-                    out = await trio.to_thread.run_sync(self._slice, job_id, budget, step, tuples_as_raw)
-                    spent += time.monotonic() - began
+                out, elapsed = await self._in_lua_thread(self._slice, job_id, budget, step, tuples_as_raw)
+                spent += elapsed
                 if out[0] == "done":
                     finished = True
                     outcome: Outcome = out[1]
@@ -182,8 +228,7 @@ class LuaEngine:
         finally:
             if not finished:
                 with trio.CancelScope(shield=True):
-                    async with self._slot:
-                        await trio.to_thread.run_sync(self._forget, job_id)
+                    await self._in_lua_thread(self._forget, job_id)
 
     async def _operate(self, job: Job, name: str, args: list[Any]) -> tuple[str, Any]:
         try:
@@ -197,8 +242,14 @@ class LuaEngine:
             log.exception("box operation %s failed", name)
             return ("error", BoxError(ER.PROC_LUA, message=f"{type(exc).__name__}: {exc}"))
 
-    def _slice(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool) -> tuple[Any, ...]:
-        """Run the job until it asks for an operation or ends (in a worker thread)."""
+    def _slice(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool) -> tuple[Any, float]:
+        """Run the job until it asks for an operation or ends (in the Lua thread); also returns
+        how long that took, which counts against the job's time limit."""
+        began = time.monotonic()
+        out = self._slice_untimed(job_id, budget, step, tuples_as_raw)
+        return out, time.monotonic() - began
+
+    def _slice_untimed(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool) -> tuple[Any, ...]:
         values = self.values
         try:
             kind, payload = step
