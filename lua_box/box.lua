@@ -120,14 +120,18 @@ local function job_body(fn, ...)
     return DONE, pack(raw_pcall(fn, ...))
 end
 
-function internal.start(id, budget, fn, args)
+function internal.start(id, budget, version, fn, args)
     jobs[id] = raw_create(job_body)
-    return internal.resume(id, budget, fn, unpack(args, 1, args.n))
+    return internal.resume(id, budget, version, fn, unpack(args, 1, args.n))
 end
+
+-- The schema version as of the last resume: space objects are cached until it changes.
+local schema_version = nil
 
 -- Resume job `id` for at most `budget` seconds. Returns 'op', name, args; or 'done', ok,
 -- results (an error object when not ok); the job is forgotten once done.
-function internal.resume(id, budget, ...)
+function internal.resume(id, budget, version, ...)
+    schema_version = version
     local co = jobs[id]
     deadline = clock() + budget
     local r = pack(raw_resume(co, ...))
@@ -316,11 +320,20 @@ local function space_object(info)
 end
 
 -- `box.space.x` is looked up afresh on each access: DDL from any session shows at once.
+-- `box.space.x` shows DDL from any session at once: objects are cached per schema version.
+local space_cache, space_cache_version = {}, nil
 box.space = setmetatable({}, {
     __index = function(_, ref)
+        if space_cache_version ~= schema_version then
+            space_cache, space_cache_version = {}, schema_version
+        end
+        local cached = space_cache[ref]
+        if cached ~= nil then return cached end
         local info = op('space_info', ref)
         if info == nil then return nil end
-        return space_object(info)
+        local object = space_object(info)
+        if space_cache_version == schema_version then space_cache[ref] = object end
+        return object
     end,
 })
 

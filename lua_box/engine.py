@@ -73,6 +73,7 @@ class LuaEngine:
     def __init__(self, catalog: Catalog, procedures: Procedures, limits: LuaLimits,
                  cfg: dict[str, Any] | None = None, stats: Any = None) -> None:
         self.limits = limits
+        self._catalog = catalog
         self.procedures = procedures
         self.functions = PersistedFunctions(catalog.storage, catalog.committer)
         self.operations = Operations(catalog, procedures, cfg or {}, stats, self.functions)
@@ -216,7 +217,9 @@ class LuaEngine:
         try:
             while True:
                 budget = max(self.limits.time_limit_s - spent, 0.0)
-                out, elapsed = await self._in_lua_thread(self._slice, job_id, budget, step, tuples_as_raw)
+                out, elapsed = await self._in_lua_thread(
+                    self._slice, job_id, budget, step, tuples_as_raw, self._catalog.schema_version
+                )
                 spent += elapsed
                 if out[0] == "done":
                     finished = True
@@ -242,14 +245,16 @@ class LuaEngine:
             log.exception("box operation %s failed", name)
             return ("error", BoxError(ER.PROC_LUA, message=f"{type(exc).__name__}: {exc}"))
 
-    def _slice(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool) -> tuple[Any, float]:
+    def _slice(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool,
+               version: int) -> tuple[Any, float]:
         """Run the job until it asks for an operation or ends (in the Lua thread); also returns
         how long that took, which counts against the job's time limit."""
         began = time.monotonic()
-        out = self._slice_untimed(job_id, budget, step, tuples_as_raw)
+        out = self._slice_untimed(job_id, budget, step, tuples_as_raw, version)
         return out, time.monotonic() - began
 
-    def _slice_untimed(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool) -> tuple[Any, ...]:
+    def _slice_untimed(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool,
+                       version: int) -> tuple[Any, ...]:
         values = self.values
         try:
             kind, payload = step
@@ -258,14 +263,14 @@ class LuaEngine:
                 if isinstance(prepared, BoxError):
                     return ("done", Outcome(False, [], prepared), None)
                 fn, args = prepared
-                out = self._start(job_id, budget, fn, values.results(args))
+                out = self._start(job_id, budget, version, fn, values.results(args))
             elif kind == "ok":
-                out = self._resume(job_id, budget, True, values.results(payload))
+                out = self._resume(job_id, budget, version, True, values.results(payload))
             else:
                 error = payload
                 lua_error = self._internal[b"new_error"](error.code, error.message.encode(),
                                                          error.error_type.encode())
-                out = self._resume(job_id, budget, False, lua_error)
+                out = self._resume(job_id, budget, version, False, lua_error)
             if out[0] == b"op":
                 name = values.from_lua(out[1], False)
                 args = values.from_results(out[2], False)

@@ -262,6 +262,23 @@ def test_space_methods(console, conn):
     assert console.run(f"{sp} == nil") == "---\n- true\n...\n"
 
 
+def test_ddl_of_another_session_shows_at_once(console, lua_server):
+    name = unique("x")
+    other = Console(lua_server.admin_port)
+    try:
+        assert console.run(f"box.space.{name} == nil") == "---\n- true\n...\n"
+        other.run(f"box.schema.space.create('{name}'):create_index('pk')")
+        assert console.run(f"box.space.{name}.index.pk.name") == "---\n- pk\n...\n"
+        other.run(f"box.space.{name}:rename('{name}_2')")
+        assert console.run(f"box.space.{name} == nil, box.space.{name}_2.name") == (
+            f"---\n- true\n- {name}_2\n...\n"
+        )
+        other.run(f"box.space.{name}_2:drop()")
+        assert console.run(f"box.space.{name}_2 == nil") == "---\n- true\n...\n"
+    finally:
+        other.close()
+
+
 def test_schema_errors(console):
     assert console.run("box.schema.space.create('queue')") == "---\n- error: Space 'queue' already exists\n...\n"
     assert console.run("box.schema.space.create('queue', {if_not_exists = true}).id") == "---\n- 0\n...\n"
