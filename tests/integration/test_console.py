@@ -523,6 +523,22 @@ def test_ddl_and_data_survive_a_restart(tmp_path):
         proc.kill()
 
 
+def test_sigterm_with_a_console_running_a_loop(tmp_path):
+    proc = ServerProcess(tmp_path / "srv", admin_port=free_port(), extra_config="[lua]\ntime_limit_s = 2.0\n")
+    proc.start()
+    try:
+        busy, idle = Console(proc.admin_port), Console(proc.admin_port)
+        busy.send("while true do end\n")
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert proc.stop(timeout=20) == 0  # stops cleanly once the loop hits its limit
+        assert time.monotonic() - started < 15
+        busy.close()
+        idle.close()
+    finally:
+        proc.kill()
+
+
 # -- login ------------------------------------------------------------------------------------
 
 USERS = """
