@@ -142,7 +142,7 @@ class LuaEngine:
 
         def prepare() -> tuple[Any, list[Any]] | BoxError:
             code = line.encode("utf-8", "surrogateescape")
-            fn, err = self._compile(b"return " + code, code)
+            fn, err = self._compile(b"return " + code, b"return " + code)  # Tarantool's chunk names
             if fn is None:
                 fn, err = self._compile(code, code)
             if fn is None:

@@ -128,4 +128,10 @@ TARANTOOL_ANSWERS = [
      '---\n- 12345678901234\n...\n'),
     ('1.25e-7',
      '---\n- 1.25e-07\n...\n'),
+    ('nosuch_function()',
+     "---\n- error: '[string \"return nosuch_function()\"]:1: attempt to call global ''nosuch_function''\n    (a nil value)'\n...\n"),
+    ('box.space.nosuch:select{}',
+     "---\n- error: '[string \"return box.space.nosuch:select{}\"]:1: attempt to index field ''nosuch''\n    (a nil value)'\n...\n"),
+    ('local t = nil; t.x = 1',
+     "---\n- error: '[string \"local t = nil; t.x = 1\"]:1: attempt to index local ''t'' (a nil\n    value)'\n...\n"),
 ]
