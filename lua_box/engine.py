@@ -48,7 +48,6 @@ from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entr
 
 log = logging.getLogger(__name__)
 
-LUA_IMPLEMENTATION = "LuaJIT 2.1 (lupa.luajit21)"
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -76,7 +75,7 @@ class LuaEngine:
         self._catalog = catalog
         self.procedures = procedures
         self.functions = PersistedFunctions(catalog.storage, catalog.committer)
-        self.operations = Operations(catalog, procedures, cfg or {}, stats, self.functions)
+        self.operations = Operations(catalog, procedures, stats, self.functions)
         self._lua = luajit21.LuaRuntime(
             encoding=None,
             unpack_returned_tuples=True,

@@ -581,6 +581,12 @@ def test_console_login_when_users_exist(tmp_path):
         assert r.run("box.space.jobs:insert{2}") == (
             "---\n- error: Write access to space 'jobs' is denied for user 'reader'\n...\n"
         )
+        assert r.run("box.queue.statistics()") == (
+            "---\n- error: Execute access to function 'box.queue.statistics' is denied for user 'reader'\n...\n"
+        )
+        assert r.run("box.schema.space.create('x')") == (
+            "---\n- error: Write access to universe '' is denied for user 'reader'\n...\n"
+        )
         r.close()
     finally:
         proc.kill()
