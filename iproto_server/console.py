@@ -6,8 +6,9 @@ console fiber does. The Lua itself is not run here: ``run_statement`` (the embed
 wired by ``boxqueue/process.py``) is called with the session's context and the statement.
 
 Login: while users are configured, nothing runs before ``\\login <user> <password>`` succeeds
-(Tarantool's text console has no login of its own, and ``tarantoolctl connect user:pass@...``
-does not send the credentials over it); only the console's framing commands (``\\set output``,
+(or ``require('console').login('<user>', '<password>')``, since Tarantool's own console client
+refuses to send backslash commands it does not know). Tarantool's text console has no login of
+its own, and ``tarantoolctl connect user:pass@...`` does not send the credentials over it; only the console's framing commands (``\\set output``,
 ``\\set delimiter`` and the ``require('console').delimiter(...)`` statement ``tarantoolctl``
 sends) are accepted before. Without users the console runs as ``admin``.
 """
@@ -112,12 +113,18 @@ class _ConsoleConnection:
                 await self.stream.send_all(answer)
 
     async def _statement(self, text: str) -> bytes:
+        login = cc.LOGIN_STATEMENT.match(text)
+        if login is not None:
+            return self._login((login.group(3), login.group(5) or ""))
         if not self.logged_in:
             match = cc.DELIMITER_STATEMENT.match(text)
             if match is not None:
                 self.set_delimiter(match.group(3))
                 return cc.values_document([])
-            return cc.error_document("Authentication required: \\login <user> <password> first")
+            return cc.error_document(
+                "Authentication required: \\login <user> <password> "
+                "or require('console').login('<user>', '<password>') first"
+            )
         outcome = await self.server.run_statement(self.session.context, text, self.set_delimiter)
         if outcome.ok:
             return cc.values_document(outcome.values)

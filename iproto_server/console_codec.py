@@ -5,7 +5,8 @@ delimiter followed by ``\\n`` or ``\\r``; the delimiter is empty at first, so ea
 statement. ``\\set delimiter X`` (or ``require('console').delimiter('X')``, as
 ``tarantoolctl connect`` sends ``$EOF$``) makes multi-line input possible. A line ``~.`` closes
 the connection, like ssh. Lines starting with a backslash are console commands (``\\set``,
-``\\help``, ``\\quit``, and ``\\login user password`` for this server's console login).
+``\\help``, ``\\quit``, and ``\\login user password`` for this server's console login, also written
+``require('console').login('user', 'password')`` for Tarantool's own console client).
 
 Answers are YAML documents (see :mod:`iproto_server.console_yaml`).
 """
@@ -18,11 +19,19 @@ from dataclasses import dataclass
 from iproto_server.console_yaml import error_document, values_document
 
 __all__ = ["Command", "ConsoleDecoder", "Statement", "StatementTooLong", "error_document",
-           "values_document", "parse_command", "DELIMITER_STATEMENT"]
+           "values_document", "parse_command", "DELIMITER_STATEMENT", "LOGIN_STATEMENT"]
 
 # The statement `tarantoolctl connect` sends to set its delimiter, recognised before login.
 DELIMITER_STATEMENT = re.compile(
     r"""^\s*require\s*\(?\s*(["'])console\1\s*\)?\s*\.\s*delimiter\s*\(\s*(["'])(.*)\2\s*\)\s*;?\s*$"""
+)
+
+
+# The console's login as a Lua-looking statement: Tarantool's own console client (tarantoolctl,
+# require('console').connect) refuses to send a backslash command it does not know, like \login.
+LOGIN_STATEMENT = re.compile(
+    r"""^\s*require\s*\(?\s*(["'])console\1\s*\)?\s*\.\s*login\s*\(\s*(["'])((?:(?!\2).)*)\2\s*"""
+    r"""(?:,\s*(["'])((?:(?!\4).)*)\4\s*)?\)\s*;?\s*$"""
 )
 
 

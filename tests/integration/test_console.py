@@ -565,7 +565,10 @@ def test_console_login_when_users_exist(tmp_path):
     proc.start()
     try:
         c = Console(proc.admin_port)
-        denied = "---\n- error: 'Authentication required: \\login <user> <password> first'\n...\n"
+        denied = (
+            "---\n- error: 'Authentication required: \\login <user> <password> or require(''console'').login(''<user>'',\n"
+            "    ''<password>'') first'\n...\n"
+        )
         assert c.run("box.space.jobs:insert{1}") == denied
         assert c.run("os") == denied
         # what tarantoolctl sends first is accepted before login
@@ -580,7 +583,7 @@ def test_console_login_when_users_exist(tmp_path):
         r = Console(proc.admin_port)
         assert r.run("require(\"console\").delimiter(\"$EOF$\")") == EMPTY
         r.delimiter = "$EOF$"
-        assert r.run("\\login reader r") == "---\n- true\n...\n"
+        assert r.run("require('console').login('reader', 'r')") == "---\n- true\n...\n"
         assert r.run("box.space.jobs:select{}") == "---\n- - [1]\n...\n"
         assert r.run("box.space.jobs:insert{2}") == (
             "---\n- error: Write access to space 'jobs' is denied for user 'reader'\n...\n"
@@ -651,6 +654,36 @@ def test_console_connect_from_tarantool(lua_server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode() == "---\n- 0\n- 3\n...\n"
+
+
+@needs_tarantool
+def test_console_login_from_tarantools_client(tmp_path):
+    proc = ServerProcess(tmp_path / "srv", admin_port=free_port(), extra_config=USERS)
+    proc.start()
+    script = tmp_path / "client.lua"
+    script.write_text(
+        "local console = require('console')\n"
+        "console.on_start(function(self)\n"
+        "    console.connect(arg[1])\n"
+        "    io.write(self:eval('box.session.user()'))\n"
+        "    io.write(self:eval(\"require('console').login('alice', 'secret')\"))\n"
+        "    io.write(self:eval('box.session.user()'))\n"
+        "    io.flush()\n"
+        "    os.exit(0)\n"
+        "end)\n"
+        "console.start()\n"
+    )
+    try:
+        done = subprocess.run(
+            ["tarantool", str(script), f"127.0.0.1:{proc.admin_port}"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        out = done.stdout.decode()
+        assert out.startswith("---\n- error: 'Authentication required")
+        assert out.endswith("---\n- true\n...\n---\n- alice\n...\n")
+    finally:
+        proc.kill()
 
 
 @needs_tarantool

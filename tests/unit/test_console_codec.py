@@ -91,6 +91,23 @@ def test_the_delimiter_statement_is_recognised(text):
     assert match is not None and match.group(3) == "$EOF$"
 
 
+@pytest.mark.parametrize(
+    ("text", "user", "password"),
+    [
+        ("require('console').login('alice', 'secret')", "alice", "secret"),
+        ('require("console").login("a", "p w")', "a", "p w"),
+        ("require('console').login('guest')", "guest", None),
+    ],
+)
+def test_the_login_statement_is_recognised(text, user, password):
+    match = cc.LOGIN_STATEMENT.match(text)
+    assert match is not None and (match.group(3), match.group(5)) == (user, password)
+
+
+def test_a_login_with_more_code_is_not_the_login_statement():
+    assert cc.LOGIN_STATEMENT.match("require('console').login('a', 'x') os.exit()") is None
+
+
 def test_other_statements_are_not_the_delimiter_statement():
     assert cc.DELIMITER_STATEMENT.match("require('console').delimiter('x'); os.exit()") is None
 
