@@ -201,7 +201,12 @@ for _, name in ipairs({'assert', 'error', 'ipairs', 'next', 'pairs', 'rawequal',
                        'tostring', 'type', 'unpack', 'print'}) do
     G[name] = _G[name]
 end
-G.print = function() end  -- there is no stdout to print to
+-- print() goes to the server's log (logger lua_box.print), as Tarantool's goes to its stdout.
+G.print = function(...)
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    py.log(table.concat(parts, '\t'))
+end
 G.string, G.table, G.math, G.bit = string, table, math, bit
 G.os = {time = os.time, clock = os.clock, date = os.date, difftime = os.difftime}
 G._VERSION = _VERSION

@@ -83,8 +83,10 @@ class LuaEngine:
             register_builtins=False,
             max_memory=limits.memory_limit_bytes,
         )
+        printed = logging.getLogger("lua_box.print")
         values_for_init = {
             b"clock": time.monotonic,
+            b"log": lambda text: printed.info("%s", text.decode("utf-8", "replace")),
             b"limit_message": f"Lua time limit exceeded ({limits.time_limit_s:g} s)".encode(),
             b"memory_message": f"Lua memory limit exceeded ({limits.memory_limit_bytes} bytes)".encode(),
         }

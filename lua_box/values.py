@@ -21,6 +21,9 @@ from errcodes import ER, BoxError
 from spaces.msgpack_values import Raw, pack, unpack
 
 MAX_DEPTH = 64
+# Values converted for one result (or one box call's arguments): Python objects are not under
+# the Lua memory limit, so a huge table is refused rather than copied.
+MAX_RESULT_VALUES = 1_000_000
 _TWO_63 = 2**63
 _TWO_64 = 2**64
 
@@ -45,6 +48,12 @@ class LuaValues:
         self._null = internal[b"NULL"]
         self._new_tuple = internal[b"new_tuple"]
         self._error_info = internal[b"error_info"]
+        self._left = MAX_RESULT_VALUES
+
+    def _spend(self, count: int) -> None:
+        self._left -= count
+        if self._left < 0:
+            raise BoxError(ER.PROC_LUA, message=f"a result of more than {MAX_RESULT_VALUES} values is refused")
 
     # -- Python -> Lua -----------------------------------------------------------------------
 
@@ -100,10 +109,12 @@ class LuaValues:
         if lua_kind == b"null":
             return None
         if lua_kind == b"array":
+            self._spend(size)
             return [self.from_lua(value[i], tuples_as_raw, depth) for i in range(1, size + 1)]
         if lua_kind == b"map":
             items = []
             for k, v in value.items():
+                self._spend(1)
                 key = self.from_lua(k, tuples_as_raw, depth)
                 if isinstance(key, list | dict):
                     key = str(key)
@@ -113,6 +124,7 @@ class LuaValues:
             items.sort(key=_key_order)
             return dict(items)
         if lua_kind == b"tuple":
+            self._spend(size)
             fields = [self.from_lua(value[i], False, depth) for i in range(1, size + 1)]
             return Raw(pack(fields)) if tuples_as_raw else fields
         if lua_kind == b"proxy":
@@ -125,11 +137,14 @@ class LuaValues:
     def from_results(self, table: Any, tuples_as_raw: bool) -> list[Any]:
         """The values of a ``{n = ..., ...}`` table."""
         n = table[b"n"]
+        self._left = MAX_RESULT_VALUES
+        self._spend(n)
         return [self.from_lua(table[i], tuples_as_raw) for i in range(1, n + 1)]
 
     def error(self, err: Any) -> BoxError:
         """A Lua error value as a BoxError; ``console_value`` keeps what the console prints."""
         code, message, error_type, printable = self._error_info(err)
+        self._left = MAX_RESULT_VALUES
         box_error = BoxError(
             int(code) if code >= 0 else ER.PROC_LUA,
             message=self.from_lua(message, False),

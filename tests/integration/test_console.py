@@ -460,6 +460,21 @@ def test_pcall_cannot_swallow_the_limit(console):
     assert time.monotonic() - started < 10
 
 
+def test_a_huge_result_is_refused(console):
+    answer = console.run("local t = {} for i = 1, 1100000 do t[i] = i end return t")
+    assert answer == "---\n- error: a result of more than 1000000 values is refused\n...\n"
+    assert console.run("1") == "---\n- 1\n...\n"
+
+
+def test_print_goes_to_the_log(console, lua_server):
+    marker = unique("printed")
+    assert console.run(f"print('{marker}', 1, nil)") == EMPTY
+    deadline = time.monotonic() + 5
+    while f"{marker}\t1\tnil" not in lua_server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"{marker}\t1\tnil" in lua_server.log()
+
+
 def test_allocation_bomb_is_stopped(console, conn):
     answer = console.run("local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 64) .. i end")
     assert answer == "---\n- error: Lua memory limit exceeded (67108864 bytes)\n...\n"
