@@ -45,6 +45,7 @@ from lua_box.persisted_functions import PersistedFunctions
 from lua_box.values import LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
+from spaces.space import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +225,9 @@ class LuaEngine:
                 spent += elapsed
                 if out[0] == "done":
                     finished = True
-                    outcome: Outcome = out[1]
+                    result: Outcome = out[1]
                     self._sync_functions(out[2])
-                    return outcome
+                    return result
                 _, name, args = out
                 step = await self._operate(job, name, args)
         finally:
@@ -242,6 +243,9 @@ class LuaEngine:
             return ("ok", list(result) if result is not None else [])
         except BoxError as exc:
             return ("error", exc)
+        except StorageError as exc:
+            log.error("storage failure in a box operation from Lua: %s", exc)
+            return ("error", BoxError(ER.WAL_IO))
         except Exception as exc:  # a bug on our side: the chunk sees an error, the server goes on
             log.exception("box operation %s failed", name)
             return ("error", BoxError(ER.PROC_LUA, message=f"{type(exc).__name__}: {exc}"))
