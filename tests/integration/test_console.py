@@ -28,7 +28,7 @@ EMPTY = "---\n...\n"
 CONFIG = (
     """
 [lua]
-time_limit_s = 1.0
+time_limit_s = 2.0
 memory_limit_bytes = 67108864
 """
     + QUEUE_SPACE_0
@@ -437,7 +437,7 @@ def test_read_only_port_refuses_writes_from_eval(lua_server):
 
 # -- limits -----------------------------------------------------------------------------------
 
-LIMIT_ERROR = "---\n- error: Lua time limit exceeded (1 s)\n...\n"
+LIMIT_ERROR = "---\n- error: Lua time limit exceeded (2 s)\n...\n"
 
 
 def test_runaway_script_is_stopped_while_others_are_served(console, conn):
@@ -485,8 +485,8 @@ def test_allocation_bomb_is_stopped(console, conn):
 
 def test_time_spent_waiting_does_not_count(console):
     tube = unique("slow")
-    # 1.5 s of waiting in two takes is more than the 1 s limit, but it is not Lua run time
-    answer = console.run(f"box.queue.take(0, '{tube}', 0.75) box.queue.take(0, '{tube}', 0.75) return 'ok'")
+    # 2.5 s of waiting in two takes is more than the 2 s limit, but it is not Lua run time
+    answer = console.run(f"box.queue.take(0, '{tube}', 1.25) box.queue.take(0, '{tube}', 1.25) return 'ok'")
     assert answer == "---\n- ok\n...\n"
 
 
