@@ -51,14 +51,18 @@ CALL_FUNCTION = "box.session.id"
 REQ_SELECT = 1
 REQ_REPLACE = 3
 REQ_CALL = 10
+REQ_EVAL = 8
 REQ_PING = 64
 KEY_SPACE, KEY_INDEX, KEY_LIMIT, KEY_OFFSET, KEY_ITERATOR = 0x10, 0x11, 0x12, 0x13, 0x14
 KEY_KEY, KEY_TUPLE, KEY_FUNCTION_NAME = 0x20, 0x21, 0x22
+KEY_EXPR = 0x27
+# eval: a chunk that only runs Lua; eval_get: one box call from Lua (a primary-key get).
+EVAL_CHUNKS = {"eval": "return ...", "eval_get": "return box.space.bench:get(...)"}
 KEY_ERROR_24 = 0x31
 ITER_EQ = 0
 CODE_CHUNK = 0x80  # box.session.push: not the final answer
 
-OPS = ("ping", "select", "replace", "call")
+OPS = ("ping", "select", "replace", "call", "eval", "eval_get")
 WAL_MODES = ("fsync", "write", "none")
 TARGETS = ("ours", "tarantool")
 
@@ -122,6 +126,9 @@ def request_pool(op: str, rows: int, seed: str, size: int = 4096) -> list[tuple[
     elif op == "call":
         bodies = [call_body()]
         code = REQ_CALL
+    elif op in EVAL_CHUNKS:
+        bodies = [msgpack.packb({KEY_EXPR: EVAL_CHUNKS[op], KEY_TUPLE: [rng.randint(1, rows)]}) for _ in range(size)]
+        code = REQ_EVAL
     elif op == "select":
         bodies = [select_body(rng.randint(1, rows)) for _ in range(size)]
         code = REQ_SELECT
@@ -775,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ops",
         type=lambda v: parse_list(v, OPS, "--ops"),
-        default=list(OPS),
+        default=["ping", "select", "replace", "call"],
         help="comma-separated subset of " + ",".join(OPS),
     )
     parser.add_argument(
@@ -811,7 +818,7 @@ def run_target(target: str, args: argparse.Namespace, results: list[Measurement]
     for wal, ops in plan(args.ops, args.wal):
         print(f"[{target}] starting server, wal={wal}", flush=True)
         with Server(target, wal, args) as server:
-            if {"select", "replace"} & set(ops):
+            if {"select", "replace", "eval_get"} & set(ops):
                 t0 = time.monotonic()
                 preload(server.port, args.rows)
                 print(

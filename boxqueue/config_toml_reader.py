@@ -44,6 +44,7 @@ from boxqueue.config_types import (
     IndexConfig,
     IprotoConfig,
     Key,
+    LuaConfig,
     PartConfig,
     SonyaConfig,
     SpaceConfig,
@@ -59,7 +60,7 @@ _MISSING: Any = object()
 
 _TOP = frozenset(
     {"data_dir", "tarantool_cfg", "iproto", "wal", "guest", "users", "space",
-     "deckard", "zaqar", "sonya"}
+     "deckard", "zaqar", "sonya", "lua"}
 )
 _IPROTO = frozenset(
     {"listen", "read_only_listen", "admin_listen", "max_packet_bytes",
@@ -127,6 +128,7 @@ class TomlReader:
             deckard=self.deckard(root),
             zaqar=self.zaqar(root),
             sonya=self.sonya(root),
+            lua=self.lua(root),
         )
         self.check_listeners(config)
         return config
@@ -158,6 +160,14 @@ class TomlReader:
             max_inflight_per_connection=self.integer(
                 t, path, "max_inflight_per_connection", 768, minimum=1
             ),
+        )
+
+    def lua(self, root: dict[str, Any]) -> LuaConfig:
+        path: Key = ("lua",)
+        t = self.table(root.get("lua", {}), path, {"time_limit_s", "memory_limit_bytes"})
+        return LuaConfig(
+            time_limit_s=self.number(t, path, "time_limit_s", 5.0, minimum=0.001),
+            memory_limit_bytes=self.integer(t, path, "memory_limit_bytes", 268435456, minimum=1048576),
         )
 
     def wal(self, root: dict[str, Any]) -> WalConfig:

@@ -127,6 +127,14 @@ class SonyaConfig:
 
 
 @dataclass(frozen=True)
+class LuaConfig:
+    """Limits of the embedded Lua (admin console, EVAL, Lua functions called over CALL)."""
+
+    time_limit_s: float = 5.0  # Lua run time of one statement, chunk or call (waits excluded)
+    memory_limit_bytes: int = 268435456  # everything the Lua runtime allocates
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path  # the file given, as given
     data_dir: Path  # absolute
@@ -139,6 +147,7 @@ class Config:
     deckard: DeckardConfig | None  # None: facade off
     zaqar: ZaqarConfig | None
     sonya: SonyaConfig | None
+    lua: LuaConfig = LuaConfig()
 
 
 DEFAULT_LISTEN = Address("127.0.0.1", 3301)

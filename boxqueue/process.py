@@ -15,8 +15,12 @@ import trio
 from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
 from iproto_server.builtins import register_builtins
+from iproto_server.console import ConsoleServer
 from iproto_server.dispatch import Dispatcher
+from iproto_server.request_stats import RequestStats
 from iproto_server.server import IprotoServer
+from iproto_server.session import Session
+from lua_box.engine import LuaEngine, LuaLimits
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.definitions import FieldDef
@@ -85,6 +89,26 @@ async def create_configured_spaces(catalog: Catalog, spaces: tuple[SpaceConfig, 
             await catalog.create_index(existing, ic.name, index_type=ic.type, unique=ic.unique, parts=parts)
 
 
+def cfg_view(config: Config) -> dict[str, object]:
+    """What ``box.cfg`` shows in Lua: the running configuration, read-only."""
+    iproto = config.iproto
+
+    def address(a: Address | None) -> str | None:
+        return None if a is None else f"{a.host}:{a.port}"
+
+    view: dict[str, object] = {
+        "listen": address(iproto.listen),
+        "read_only_listen": address(iproto.read_only_listen),
+        "admin_listen": address(iproto.admin_listen),
+        "work_dir": str(config.data_dir),
+        "wal_mode": config.wal.mode,
+        "read_only": False,
+        "lua_time_limit_s": config.lua.time_limit_s,
+        "lua_memory_limit_bytes": config.lua.memory_limit_bytes,
+    }
+    return {k: v for k, v in view.items() if v is not None}
+
+
 class Server:
     """One boxqueue process; :meth:`run` serves until :meth:`stop` or a signal."""
 
@@ -118,7 +142,23 @@ class Server:
             procedures = Procedures(catalog.functions)
             register_builtins(procedures, catalog)
             procedures.add_resolver(space_method_resolver(catalog))
-            dispatcher = Dispatcher(catalog, procedures)
+            stats = RequestStats()
+            lua = self.lua = LuaEngine(
+                catalog,
+                procedures,
+                LuaLimits(config.lua.time_limit_s, config.lua.memory_limit_bytes),
+                cfg=cfg_view(config),
+                stats=stats,
+            )
+
+            async def eval_handler(session: Session, expr: str, args: list) -> list:
+                return await lua.eval(session.context, expr, args)
+
+            dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
+            console = ConsoleServer(
+                catalog, lua.console, require_login=bool(config.users),
+                max_statement_bytes=config.iproto.max_packet_bytes,
+            )
             self.procedures = procedures
             self.dispatcher = dispatcher
             iproto = IprotoServer(
@@ -133,6 +173,8 @@ class Server:
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
+                await root.start(stats.run)
+                await root.start(lua.run)
                 await create_configured_spaces(catalog, config.spaces)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)
@@ -141,7 +183,7 @@ class Server:
                     async with trio.open_nursery() as connections:
                         with trio.CancelScope() as listening:
                             async with trio.open_nursery() as listeners:
-                                await self._start_listeners(listeners, connections, iproto)
+                                await self._start_listeners(listeners, connections, iproto, console)
                                 log.info("boxqueue is ready")
                                 task_status.started(self.ports)
                                 await self._stop.wait()
@@ -156,7 +198,8 @@ class Server:
             storage.close()
             log.info("boxqueue stopped")
 
-    async def _start_listeners(self, listeners: trio.Nursery, connections: trio.Nursery, iproto: IprotoServer) -> None:
+    async def _start_listeners(self, listeners: trio.Nursery, connections: trio.Nursery, iproto: IprotoServer,
+                               console: ConsoleServer) -> None:
         cfg = self.config.iproto
 
         async def start(address: Address, read_only: bool) -> int:
@@ -170,10 +213,14 @@ class Server:
             self.ports.iproto = await start(cfg.listen, False)
         if cfg.read_only_listen is not None:
             self.ports.read_only = await start(cfg.read_only_listen, True)
+        admin = cfg.admin_listen
+        if admin is not None:
+            self.ports.admin = await listeners.start(
+                lambda task_status: console.listen(admin.host, admin.port, connections, task_status=task_status)
+            )
         not_yet = [
             name
             for name, present in (
-                ("the admin console (iproto.admin_listen)", cfg.admin_listen is not None),
                 ("the Deckard facade ([deckard])", self.config.deckard is not None),
                 ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
                 ("the Sonya facade ([sonya])", self.config.sonya is not None),

@@ -15,6 +15,7 @@ from typing import Any
 
 from errcodes import ER, BoxError
 from iproto_server import codec
+from iproto_server.request_stats import RequestStats
 from iproto_server.session import Session
 from spaces import access as acl
 from spaces.catalog import Catalog
@@ -102,8 +103,11 @@ class Dispatcher:
         catalog: Catalog,
         procedures: Procedures,
         eval_handler: EvalHandler | None = None,
+        stats: RequestStats | None = None,
     ) -> None:
         self.catalog = catalog
+        self.stats = stats if stats is not None else RequestStats()
+        self._by_type = self.stats.by_type
         self.access = catalog.access
         self.procedures = procedures
         self.eval_handler = eval_handler
@@ -131,6 +135,9 @@ class Dispatcher:
         write waiting for its commit); or a coroutine producing them (a call that may block)."""
         sync = request.sync
         try:
+            request_type = request.type
+            if 0 <= request_type < 256:
+                self._by_type[request_type] += 1
             version = self.catalog.schema_version
             if request.schema_version and request.schema_version != version:
                 raise BoxError(ER.WRONG_SCHEMA_VERSION, version, request.schema_version)
@@ -149,6 +156,7 @@ class Dispatcher:
                 return None
             return self._finish(sync, result)
         except Exception as exc:
+            self.stats.errors += 1
             return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
 
     def _submit(self, sync: int, pending: _PendingWrite, reply: Reply) -> None:
@@ -157,6 +165,7 @@ class Dispatcher:
         def done(result: Any, error: BaseException | None) -> None:
             version = self.catalog.schema_version
             if error is not None:
+                self.stats.errors += 1
                 reply(codec.error_response(sync, version, self._as_box_error(error)))
             elif result is None or not returns_tuple:
                 reply(codec.response(sync, version, codec.EMPTY_TUPLES_BODY))
@@ -184,6 +193,7 @@ class Dispatcher:
         try:
             body = await pending
         except Exception as exc:
+            self.stats.errors += 1
             return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
         return codec.response(sync, self.catalog.schema_version, body)
 

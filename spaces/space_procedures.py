@@ -109,13 +109,13 @@ async def _run(space: Space | SystemView, iid: int, method: str, args: list[Any]
         found = await space.delete(iid, _key(arg))
         return [Raw(found) if found is not None else None]
     if method == "update":
-        ops = parse_ops(args[1] if len(args) > 1 else [])
+        ops = parse_ops(args[1] if len(args) > 1 else [], 1)  # Lua's field numbers are 1-based
         found = await space.update(iid, _key(arg), ops)
         return [Raw(found) if found is not None else None]
     if method == "upsert":
         if type(arg) is not list:
             raise BoxError(ER.TUPLE_NOT_ARRAY)
-        await space.upsert(None, arg, parse_ops(args[1] if len(args) > 1 else []))
+        await space.upsert(None, arg, parse_ops(args[1] if len(args) > 1 else [], 1))
         return []
     if method == "truncate":
         await space.truncate()

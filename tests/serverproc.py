@@ -52,6 +52,7 @@ class ServerProcess:
     read_only: bool = True
     port: int = field(default_factory=free_port)
     ro_port: int = field(default_factory=free_port)
+    admin_port: int | None = None  # set: the admin console listens there
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
@@ -61,6 +62,8 @@ class ServerProcess:
 
     def write_config(self) -> None:
         ro = f'read_only_listen = "127.0.0.1:{self.ro_port}"\n' if self.read_only else ""
+        if self.admin_port is not None:
+            ro += f'admin_listen = "127.0.0.1:{self.admin_port}"\n'
         self.config_path.write_text(
             'data_dir = "data"\n'
             "[iproto]\n"
@@ -88,6 +91,8 @@ class ServerProcess:
         log.close()
         try:
             wait_for_greeting(self.port, timeout, self.proc)
+            if self.admin_port is not None:  # listeners start one after the other
+                wait_for_greeting(self.admin_port, timeout, self.proc)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()}") from None
 

@@ -798,3 +798,26 @@ def test_toml_lines() -> None:
     assert lines.line_of(("arr", 1, "items", 0, "z")) == 12
     assert lines.line_of(("arr", 1, "nothing", "here")) == 8
     assert lines.line_of(("nowhere",)) is None
+
+
+# -- [lua] ----------------------------------------------------------------------------------
+
+
+def test_lua_limits(tmp_path: Path) -> None:
+    default = load(tmp_path, 'data_dir = "d"\n')
+    assert (default.lua.time_limit_s, default.lua.memory_limit_bytes) == (5.0, 268435456)
+    config = load(tmp_path, '[lua]\ntime_limit_s = 0.5\nmemory_limit_bytes = 33554432\n')
+    assert (config.lua.time_limit_s, config.lua.memory_limit_bytes) == (0.5, 33554432)
+    assert load_config(CONF / "boxqueue.toml").lua == default.lua
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[lua]\ntime_limit = 1\n", "x.toml:2: unknown key 'time_limit' in [lua]"),
+        ("[lua]\nmemory_limit_bytes = 1000\n", "x.toml:2: lua.memory_limit_bytes must be at least 1048576, not 1000"),
+        ("[lua]\ntime_limit_s = 0\n", "x.toml:2: lua.time_limit_s must be at least 0.001"),
+    ],
+)
+def test_lua_errors(tmp_path: Path, text: str, message: str) -> None:
+    assert error(tmp_path, text).startswith(message)
