@@ -176,7 +176,7 @@ class LuaEngine:
         self._token = trio.lowlevel.current_trio_token()
         # The Lua thread and the event loop hand the GIL to each other at every step; with the
         # default 5 ms switch interval a busy loop would keep the Lua thread waiting that long.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(trio.to_thread.run_sync, self._thread_main))
             task_status.started()
