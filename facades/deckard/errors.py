@@ -1,0 +1,60 @@
+"""Engine errors and bad requests to gRPC statuses, in one place (K6).
+
+* A request Deckard validates (Add, Ack, Nack, GetById: K12) with an empty queue or id, or a
+  score that is not a number, is ``INVALID_ARGUMENT`` with a text saying what is wrong.
+* A fault below the facade (storage, engine) is ``INTERNAL`` with Deckard's text for the method
+  ("error adding messages", ...) followed by the cause.
+* A call arriving while the server shuts down is ``UNAVAILABLE``, so clients retry elsewhere.
+* "Not found" is never an error: the handlers answer ``found=false`` / ``success=false``.
+
+Oversized messages (``RESOURCE_EXHAUSTED``) and unknown methods (``UNIMPLEMENTED``) are answered
+by grpcio itself before a handler runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from facades.deckard.trio_bridge import BridgeClosed
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class InvalidArgument(ValueError):
+    """A request field Deckard's clients must set correctly; ``str()`` is the status text."""
+
+
+def status_for(exc: Exception, failure: str) -> tuple[grpc.StatusCode, str]:
+    """The status code and text a handler failing with ``exc`` answers."""
+    if isinstance(exc, InvalidArgument):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, BridgeClosed):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    return grpc.StatusCode.INTERNAL, f"{failure}: {exc}"
+
+
+def answers_errors(failure: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    """Wrap an async servicer method so every exception becomes its gRPC status."""
+
+    def wrap(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+        @functools.wraps(method)
+        async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+            try:
+                return await method(self, request, context)
+            except Exception as exc:
+                code, text = status_for(exc, failure)
+                if code == grpc.StatusCode.INTERNAL:
+                    log.error("Deckard %s failed", method.__name__, exc_info=exc)
+                await context.abort(code, text)
+                raise  # abort raises; this line is never reached
+
+        return handler
+
+    return wrap
