@@ -31,6 +31,27 @@ class InvalidArgument(ValueError):
     """A request field Deckard's clients must set correctly; ``str()`` is the status text."""
 
 
+class Undecodable:
+    """What the request deserializer hands over for bytes that are not the method's message:
+    the handler answers INTERNAL with the cause, as Deckard's Go server does, instead of grpcio's
+    bare UNKNOWN."""
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.text = f"cannot decode the request as {type_name}: {error}"
+
+
+def tolerant(parse: Callable[[bytes], Any], type_name: str) -> Callable[[bytes], Any]:
+    """A request deserializer that returns :class:`Undecodable` instead of raising."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # DecodeError, and whatever else a parser may raise
+            return Undecodable(type_name, exc)
+
+    return deserialize
+
+
 def status_for(exc: Exception, failure: str) -> tuple[grpc.StatusCode, str]:
     """The status code and text a handler failing with ``exc`` answers."""
     if isinstance(exc, InvalidArgument):
@@ -46,6 +67,8 @@ def answers_errors(failure: str) -> Callable[[Callable[..., Awaitable[R]]], Call
     def wrap(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(method)
         async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INTERNAL, request.text)
             try:
                 return await method(self, request, context)
             except Exception as exc:

@@ -21,8 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
-from facades.deckard.service import DeckardService
+from facades.deckard.service import DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
 from tubes.scored import ScoredQueues
 
@@ -134,7 +133,7 @@ class DeckardFacade:
         service = DeckardService(
             self.queues, bridge, default_ttl_minutes=self.default_ttl_minutes, allow_flush=self.allow_flush
         )
-        pb_grpc.add_DeckardServicer_to_server(service, server)
+        server.add_generic_rpc_handlers((deckard_handlers(service),))
         health_service = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

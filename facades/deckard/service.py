@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from facades.deckard import translate
-from facades.deckard.errors import answers_errors
+from facades.deckard.errors import answers_errors, tolerant
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from facades.deckard.trio_bridge import TrioBridge
@@ -140,3 +140,20 @@ class DeckardService(pb_grpc.DeckardServicer):
         return pb.GetQueueResponse(
             queue=request.queue, configuration=pb.QueueConfiguration(max_elements=max_elements)
         )
+
+
+def deckard_handlers(service: DeckardService) -> grpc.GenericRpcHandler:
+    """The ten methods as gRPC handlers, built from the proto's service descriptor like the
+    generated ``add_DeckardServicer_to_server``, but with request decoding failures answered by
+    the handler (see :class:`facades.deckard.errors.Undecodable`)."""
+    descriptor = pb.DESCRIPTOR.services_by_name["Deckard"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(service, method.name),
+            request_deserializer=tolerant(request_type.FromString, method.input_type.full_name),
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
