@@ -342,7 +342,7 @@ class ScoredQueues:
         try:
             await self._write_all(writes)
         except BaseException:
-            for tube, message, before in updated:
+            for tube, message, before in reversed(updated):
                 if tube.messages.get(message.id) is message:
                     tube.unplace(message)
                     message.expires = before.expires
