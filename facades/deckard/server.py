@@ -78,9 +78,15 @@ class DeckardFacade:
 
             async def thread() -> None:
                 try:
-                    await trio.to_thread.run_sync(self._thread_main, bridge, report)
+                    # A limiter of its own: the thread lives as long as the listener, and must
+                    # not hold one of the tokens the committer's flushes share.
+                    await trio.to_thread.run_sync(
+                        self._thread_main, bridge, report, limiter=trio.CapacityLimiter(1)
+                    )
                 finally:
                     thread_done.set()
+                if started and started[1] is None and not self._stop_requested.is_set():
+                    raise RuntimeError("the Deckard gRPC server stopped by itself")
 
             nursery.start_soon(thread)
             try:
