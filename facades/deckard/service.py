@@ -59,6 +59,10 @@ class DeckardService(pb_grpc.DeckardServicer):
             subtract = translate.given_score(request.score_subtract, "score_subtract") or 0.0
 
         async def settle() -> tuple[bool, int | None]:
+            if request.removeMessage:
+                # Deckard acks, then removes, and answers success whatever the ack said: what
+                # the ack changed goes with the message, so removing is all there is to do.
+                return True, await self.queues.remove(request.queue, [request.id])
             success = await self.queues.settle(
                 request.queue,
                 request.id,
@@ -68,9 +72,7 @@ class DeckardService(pb_grpc.DeckardServicer):
                 breakpoint=request.breakpoint,
                 score_subtract=subtract,
             )
-            if not request.removeMessage:
-                return success, None
-            return True, await self.queues.remove(request.queue, [request.id])
+            return success, None
 
         success, removed = await self._engine(settle)
         if removed is None:
