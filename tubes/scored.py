@@ -163,8 +163,11 @@ class ScoredQueues:
         space = self.catalog.by_name.get(name)
         if space is None:
             space, _ = await self.catalog.create_space(name, format=fmt, if_not_exists=True)
-        if "primary" not in space.index_by_name:
+        if space.primary is None:
             await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
+        laid_out = tuple((f.name, f.type) for f in space.defn.format) == tuple((f.name, f.type) for f in fmt)
+        if not laid_out or space.primary is None or space.primary.fieldnos != tuple(p[0] for p in parts):
+            raise RuntimeError(f"space '{name}' exists with another layout than the scored tubes' own")
         return space
 
     def _recover(self) -> None:
