@@ -398,6 +398,19 @@ class ScoredQueues:
         stored = await self._change(tube, [(m, processing) for m in chosen])
         return [(m.copy(), raw) for m, raw in zip(chosen, stored, strict=True) if raw is not None]
 
+    async def unpull(self, queue: str, ids: Iterable[str]) -> None:
+        """Processing messages go back to active where they were (same score), as if never
+        pulled: for a pull whose answer could not carry them all."""
+        tube = self.tubes.get(queue)
+        if tube is None:
+            return
+        found = [tube.messages[i] for i in ids if i in tube.messages and tube.messages[i].state == PROCESSING]
+
+        def active_again(message: ScoredMessage) -> None:
+            message.state, message.event = ACTIVE, 0
+
+        await self._change(tube, [(m, active_again) for m in found])
+
     async def settle(
         self,
         queue: str,

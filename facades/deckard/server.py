@@ -21,13 +21,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.service import DeckardService, deckard_handlers
+from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
 from tubes.scored import ScoredQueues
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
 GRACE_S = 5.0
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Deckard"].full_name
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"

@@ -18,6 +18,8 @@ from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from facades.deckard.trio_bridge import TrioBridge
 from tubes.scored import ScoredQueues, now_ms
 
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
+
 
 class DeckardService(pb_grpc.DeckardServicer):
     """``blipai.deckard.Deckard`` over the scored tubes."""
@@ -47,7 +49,13 @@ class DeckardService(pb_grpc.DeckardServicer):
             return await self.queues.pull(request.queue, amount, low, high, deadline)
 
         pulled = await self._engine(pull)
-        return pb.PullResponse(messages=[translate.to_message(m, raw) for m, raw in pulled])
+        messages = [translate.to_message(m, raw) for m, raw in pulled]
+        fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
+        if fits < len(messages):
+            # The answer would pass the 4 MiB send limit: the messages beyond it were never
+            # handed out, so they go back to the queue at once rather than wait for a deadline.
+            await self._engine(self.queues.unpull, request.queue, [m.id for m in messages[fits:]])
+        return pb.PullResponse(messages=messages[:fits])
 
     async def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
         translate.require(request.id, "id")

@@ -101,6 +101,17 @@ def to_message(message: ScoredMessage, stored: bytes, *, description: bool = Tru
     )
 
 
+def fitting(messages: list[pb.Message], limit: int) -> int:
+    """How many of ``messages``, from the first, fit in a response of ``limit`` bytes (at
+    least one: a single message too large fails at the gRPC layer, as in Deckard)."""
+    size = 0
+    for n, message in enumerate(messages):
+        size += message.ByteSize() + 6  # field tag and length prefix
+        if size > limit and n > 0:
+            return n
+    return len(messages)
+
+
 def human_readable(payload: Any) -> dict[str, str]:
     """Each payload value as JSON (K5): protobuf's JSON form when its type is known and its bytes
     parse, else an object with the type URL and the value in base64."""

@@ -184,6 +184,18 @@ def test_oversized_request_is_refused_and_the_server_keeps_serving(dk):
     assert dk.add(q, "small").created_count == 1
 
 
+def test_a_pull_too_large_for_one_answer_returns_what_fits_and_keeps_the_rest(dk):
+    """Three 1.5 MiB messages cannot go out in one 4 MiB answer: two do, the third is back in
+    the queue at once (not stuck processing until its deadline)."""
+    q = queue_name()
+    for i in range(3):
+        dk.add(q, f"big{i}", score=i + 1, string_payload=str(i) * (1536 * 1024))
+    first = dk.pull_ids(q, 3, ack_deadline_ms=600_000)
+    assert first == ["big0", "big1"]
+    assert dk.pull_ids(q, 3) == ["big2"]
+    assert dk.ack(q, "big0").success and dk.ack(q, "big2").success
+
+
 def test_unknown_method_is_unimplemented(dk):
     call = dk.channel.unary_unary("/blipai.deckard.Deckard/Teleport")
     with pytest.raises(grpc.RpcError) as err:

@@ -56,7 +56,7 @@ async def test_memory_matches_storage_after_random_operations_and_a_rebuild(runn
     for step in range(400):
         queue = rng.choice(names)
         ids = [f"m{rng.randrange(30)}" for _ in range(rng.randrange(1, 4))]
-        op = rng.randrange(6)
+        op = rng.randrange(7)
         if op == 0:
             await queues.add([new(queue, i, rng.choice([None, rng.uniform(-5, 50)])) for i in ids])
         elif op == 1:
@@ -68,6 +68,8 @@ async def test_memory_matches_storage_after_random_operations_and_a_rebuild(runn
             await queues.remove(queue, ids)
         elif op == 4:
             await queues.set_limit(queue, rng.choice([0, -1, 5, 20]))
+        elif op == 5:
+            await queues.unpull(queue, ids)
         else:
             await trio.sleep(0.01)  # let monitors release short locks and deadlines
     await trio.sleep(0.05)
