@@ -288,6 +288,8 @@ class ScoredQueues:
                 if message.id not in tube.messages:
                     tube.place(message)
             raise
+        if not tube.messages:
+            tube.monitor_wakeup.set()  # its monitor ends, and the queue is forgotten
         return len(gone)
 
     # -- producers -----------------------------------------------------------------------------
@@ -489,6 +491,12 @@ class ScoredQueues:
         if limit and len(tube.messages) > limit:
             await self._enforce_limit(tube)
         self._ensure_monitor(tube)
+        self._forget_if_unused(tube)
+
+    def _forget_if_unused(self, tube: ScoredTube) -> None:
+        """A queue with no messages, no limit and no monitor costs no memory."""
+        if not tube.messages and not tube.limit and not tube.monitor_started and self.tubes.get(tube.name) is tube:
+            del self.tubes[tube.name]
 
     async def _enforce_limit(self, tube: ScoredTube) -> None:
         """Evict the messages closest to expiry (then the oldest) down to the limit (K8)."""
@@ -509,6 +517,8 @@ class ScoredQueues:
             tube.expiry.clear()
             tube.limit = 0
             tube.monitor_wakeup.set()
+        for tube in list(self.tubes.values()):
+            self._forget_if_unused(tube)
         messages = self._space_of(self._messages)
         limits = self._space_of(self._limits)
         await self._write_all([messages.prepare_truncate(), limits.prepare_truncate()])
@@ -550,8 +560,7 @@ class ScoredQueues:
         finally:
             tube.monitor_started = False
             tube.monitor_until = math.inf
-            if not tube.messages and not tube.limit and self.tubes.get(tube.name) is tube:
-                del self.tubes[tube.name]  # an unused queue costs no memory
+            self._forget_if_unused(tube)
 
     async def _act(self, tube: ScoredTube, now: int) -> None:
         expired = [tube.messages[key[2]] for key in tube.expiry.irange(maximum=(now, math.inf))]

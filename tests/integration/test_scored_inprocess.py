@@ -119,3 +119,20 @@ async def test_a_failing_write_leaves_memory_as_it_was(running, monkeypatch):
     assert (message.state, message.acks, message.breakpoint) == ("p", 0, "")
     monkeypatch.setattr(queues.committer, "write", real_write)
     assert memory_image(queues) == stored_image(queues)
+
+
+async def test_queues_without_messages_or_limits_are_forgotten(running):
+    """Memory stays bounded by what is stored: names only looked at, emptied or unlimited leave
+    nothing behind."""
+    queues: ScoredQueues = running.scored
+    for i in range(50):
+        name = f"transient{i}"
+        queues.count(name)
+        await queues.pull(name, 1, -float("inf"), float("inf"), 1000)
+        await queues.set_limit(name, 3)
+        await queues.set_limit(name, -1)
+        await queues.add([new(name, "m")])
+        await trio.sleep(0.002)  # its monitor is asleep until the message expires
+        await queues.remove(name, ["m"])
+    await trio.sleep(0.05)  # monitors of emptied queues end
+    assert not [name for name in queues.tubes if name.startswith("transient")]
