@@ -323,3 +323,36 @@ def test_a_busy_deckard_port_stops_the_server_with_status_1(tmp_path):
         )
     assert done.returncode == 1, done.stderr
     assert "cannot listen" in done.stderr and str(port) in done.stderr
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill -9"])
+def test_stopping_during_a_large_add_keeps_it_whole_or_not_at_all(tmp_path, how):
+    """An Add is one commit: whatever stops the server, its messages are all there after the
+    restart or none are, and all are there if the client was told so. SIGTERM lets it finish."""
+    srv = DeckardServer.create(tmp_path / "srv")
+    dk = srv.start()
+    q = queue_name()
+    n = 20_000
+    try:
+        future = dk.stub.Add.future(pb.AddRequest(messages=[pb.AddMessage(id=str(i), queue=q) for i in range(n)]))
+        time.sleep(0.05)
+        if how == "sigterm":
+            assert srv.proc.stop() == 0
+        else:
+            srv.proc.kill()
+        try:
+            answer = future.result(timeout=30)
+        except grpc.RpcError:
+            answer = None
+        dk.close()
+        dk = srv.start()
+        count = dk.count(q)
+        if answer is not None:
+            assert (answer.created_count, count) == (n, n)
+        else:
+            assert count in (0, n)
+        if how == "sigterm":
+            assert answer is not None  # the grace period let it finish
+    finally:
+        dk.close()
+        srv.proc.kill()
