@@ -4,10 +4,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 NODE_STAMP := $(VENV)/node/.installed
+DECKARD_GEN := facades/deckard/generated
+DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
 .PHONY: install run test lint bench clean
 
-install: $(STAMP) $(NODE_STAMP)
+install: $(STAMP) $(NODE_STAMP) $(DECKARD_STAMP)
 
 # Reinstall only when the project metadata changes; the project is installed
 # editable, so source edits need no reinstall.
@@ -16,6 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $(STAMP)
+
+# Deckard's proto, compiled by the pinned grpcio-tools into the facade's package (not committed:
+# the generated code must match the installed grpcio/protobuf runtimes). The include root stays
+# proto/ so the descriptor is named deckard_service.proto (K1); the gRPC module's top-level
+# import of its message module is made package-relative.
+$(DECKARD_STAMP): proto/deckard_service.proto $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(DECKARD_GEN) --pyi_out=$(DECKARD_GEN) \
+		--grpc_python_out=$(DECKARD_GEN) proto/deckard_service.proto
+	sed -i 's/^import deckard_service_pb2 as/from . import deckard_service_pb2 as/' $(DECKARD_GEN)/deckard_service_pb2_grpc.py
+	@grep -q '^from . import deckard_service_pb2 as' $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
 # The Node connector, for its compatibility test; skipped quietly where npm is missing.
 $(NODE_STAMP): $(STAMP)
@@ -37,4 +49,4 @@ bench: install
 	$(BIN)/python bench/iproto_load.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(DECKARD_GEN)/deckard_service_pb2*

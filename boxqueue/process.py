@@ -30,6 +30,7 @@ from storage.commit import GroupCommitter
 from storage.environment import Storage
 from tubes import box_queue
 from tubes.engine import QueueEngine
+from tubes.scored import ScoredQueues
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Server:
         self._stop = trio.Event()
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
+        self.scored: ScoredQueues | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -178,6 +180,9 @@ class Server:
                 await create_configured_spaces(catalog, config.spaces)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)
+                    if config.deckard is not None:  # Deckard's queues are scored tubes
+                        self.scored = ScoredQueues(catalog)
+                        await engine_nursery.start(self.scored.run)
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as connections:
@@ -218,10 +223,21 @@ class Server:
             self.ports.admin = await listeners.start(
                 lambda task_status: console.listen(admin.host, admin.port, connections, task_status=task_status)
             )
+        deckard = self.config.deckard
+        if deckard is not None and self.scored is not None:
+            from facades.deckard.server import DeckardFacade  # grpcio loads only when served
+
+            facade = DeckardFacade(
+                self.scored,
+                deckard.listen.host,
+                deckard.listen.port,
+                default_ttl_minutes=deckard.default_ttl_minutes,
+                allow_flush=deckard.allow_flush,
+            )
+            self.ports.extra["deckard"] = await listeners.start(facade.run)
         not_yet = [
             name
             for name, present in (
-                ("the Deckard facade ([deckard])", self.config.deckard is not None),
                 ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
                 ("the Sonya facade ([sonya])", self.config.sonya is not None),
             )

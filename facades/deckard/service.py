@@ -1,0 +1,169 @@
+"""The ten Deckard methods: requests to scored-tube calls, answers back (spec section 2, K1-K13).
+
+Handlers run on the gRPC thread's asyncio loop. Everything that touches the engine goes through
+:class:`facades.deckard.trio_bridge.TrioBridge`, which runs it as a trio task and awaits the
+answer without holding a thread; request checks and message building stay on this side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from facades.deckard import translate
+from facades.deckard.errors import answers_errors, tolerant
+from facades.deckard.generated import deckard_service_pb2 as pb
+from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from facades.deckard.trio_bridge import TrioBridge
+from tubes.scored import ScoredQueues, now_ms
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
+
+
+class DeckardService(pb_grpc.DeckardServicer):
+    """``blipai.deckard.Deckard`` over the scored tubes."""
+
+    def __init__(self, queues: ScoredQueues, bridge: TrioBridge, *, default_ttl_minutes: int, allow_flush: bool) -> None:
+        self.queues = queues
+        self.bridge = bridge
+        self.default_ttl_minutes = default_ttl_minutes
+        self.allow_flush = allow_flush
+
+    async def _engine(self, fn: Any, *args: Any) -> Any:
+        return await self.bridge.call(fn, *args)
+
+    @answers_errors("error adding messages")
+    async def Add(self, request: pb.AddRequest, context: grpc.aio.ServicerContext) -> pb.AddResponse:
+        items = translate.new_messages(request, now_ms(), self.default_ttl_minutes)
+        if not items:
+            return pb.AddResponse()
+        created, updated = await self._engine(self.queues.add, items)
+        return pb.AddResponse(created_count=created, updated_count=updated)
+
+    @answers_errors("error pulling messages")
+    async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> pb.PullResponse:
+        amount, low, high, deadline = translate.pull_bounds(request, now_ms())
+
+        async def pull() -> list[Any]:
+            return await self.queues.pull(request.queue, amount, low, high, deadline)
+
+        pulled = await self._engine(pull)
+        messages = [translate.to_message(m, raw) for m, raw in pulled]
+        fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
+        if fits < len(messages):
+            # The answer would pass the 4 MiB send limit: the messages beyond it were never
+            # handed out, so they go back to the queue at once rather than wait for a deadline.
+            await self._engine(self.queues.unpull, request.queue, [m.id for m in messages[fits:]])
+        return pb.PullResponse(messages=messages[:fits])
+
+    async def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
+        translate.require(request.id, "id")
+        translate.require(request.queue, "queue")
+        score = translate.given_score(request.score)
+        if nack:
+            subtract = 0.0
+        else:
+            subtract = translate.given_score(request.score_subtract, "score_subtract") or 0.0
+
+        async def settle() -> tuple[bool, int | None]:
+            if request.removeMessage:
+                # Deckard acks, then removes, and answers success whatever the ack said: what
+                # the ack changed goes with the message, so removing is all there is to do.
+                return True, await self.queues.remove(request.queue, [request.id])
+            success = await self.queues.settle(
+                request.queue,
+                request.id,
+                nack=nack,
+                score=score,
+                lock_ms=request.lock_ms,
+                breakpoint=request.breakpoint,
+                score_subtract=subtract,
+            )
+            return success, None
+
+        success, removed = await self._engine(settle)
+        if removed is None:
+            return pb.AckResponse(success=success)
+        return pb.AckResponse(
+            success=success, removal_response=pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
+        )
+
+    @answers_errors("error on message ACK")
+    async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
+        return await self._settle(request, nack=False)
+
+    @answers_errors("error on message NACK")
+    async def Nack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
+        return await self._settle(request, nack=True)
+
+    @answers_errors("error count messages")
+    async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountResponse:
+        async def count() -> int:
+            return self.queues.count(request.queue or None)  # K12: "" counts every queue
+
+        return pb.CountResponse(count=await self._engine(count))
+
+    @answers_errors("error removing messages from pool")
+    async def Remove(self, request: pb.RemoveRequest, context: grpc.aio.ServicerContext) -> pb.RemoveResponse:
+        if not request.ids:
+            return pb.RemoveResponse()
+        removed = await self._engine(self.queues.remove, request.queue, list(request.ids))
+        return pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
+
+    @answers_errors("error to flush deckard")
+    async def Flush(self, request: pb.FlushRequest, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
+        if not self.allow_flush:  # K9
+            return pb.FlushResponse(success=False)
+        await self._engine(self.queues.flush)
+        return pb.FlushResponse(success=True)
+
+    @answers_errors("error getting message")
+    async def GetById(self, request: pb.GetByIdRequest, context: grpc.aio.ServicerContext) -> pb.GetByIdResponse:
+        translate.require(request.id, "id")
+        translate.require(request.queue, "queue")
+
+        async def get() -> Any:
+            return self.queues.get(request.queue, request.id)
+
+        found = await self._engine(get)
+        if found is None:
+            return pb.GetByIdResponse(found=False)
+        message = translate.to_message(*found)
+        return pb.GetByIdResponse(
+            message=message, found=True, human_readable_payload=translate.human_readable(message.payload)
+        )
+
+    @answers_errors("error editing queue")
+    async def EditQueue(self, request: pb.EditQueueRequest, context: grpc.aio.ServicerContext) -> pb.EditQueueResponse:
+        if not request.HasField("configuration"):
+            return pb.EditQueueResponse(queue=request.queue, success=False)
+        await self._engine(self.queues.set_limit, request.queue, request.configuration.max_elements)
+        return pb.EditQueueResponse(queue=request.queue, success=True)
+
+    @answers_errors("error getting queue configuration")
+    async def GetQueue(self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext) -> pb.GetQueueResponse:
+        async def limit() -> int:
+            return self.queues.limit(request.queue)
+
+        max_elements = await self._engine(limit)
+        return pb.GetQueueResponse(
+            queue=request.queue, configuration=pb.QueueConfiguration(max_elements=max_elements)
+        )
+
+
+def deckard_handlers(service: DeckardService) -> grpc.GenericRpcHandler:
+    """The ten methods as gRPC handlers, built from the proto's service descriptor like the
+    generated ``add_DeckardServicer_to_server``, but with request decoding failures answered by
+    the handler (see :class:`facades.deckard.errors.Undecodable`)."""
+    descriptor = pb.DESCRIPTOR.services_by_name["Deckard"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(service, method.name),
+            request_deserializer=tolerant(request_type.FromString, method.input_type.full_name),
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
