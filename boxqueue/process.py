@@ -29,7 +29,7 @@ from storage.environment import Storage
 from tubes import box_queue
 from tubes.broadcast import Broadcast
 from tubes.engine import QueueEngine
-from tubes.task_events import task_event_hook
+from tubes.task_events import catch_up, task_event_hook
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +139,13 @@ class Server:
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await create_configured_spaces(catalog, config.spaces)
+                await self._open_broadcast(engine)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
-                        facades_stop = await self._start_facades(facades, engine)
+                        facades_stop = await self._start_facades(facades)
                         async with trio.open_nursery() as connections:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
@@ -164,21 +165,31 @@ class Server:
             storage.close()
             log.info("boxqueue stopped")
 
-    async def _start_facades(self, facades: trio.Nursery, engine: QueueEngine) -> Callable[[], None]:
+    async def _open_broadcast(self, engine: QueueEngine) -> None:
+        """The broadcast tubes behind the Sonya facade, with the task-event hook in place before
+        the engine recovers (so the restart's own transitions are published too)."""
+        sonya = self.config.sonya
+        if sonya is None:
+            return
+        assert self.catalog is not None
+        broadcast = self.broadcast = Broadcast(
+            self.catalog, max_key_updates=sonya.max_key_updates, listener_buffer=sonya.listener_buffer
+        )
+        await broadcast.open()
+        for tube in sonya.task_events:  # S11: a tube's event queue exists with the tube
+            await broadcast.create(tube)
+        if sonya.task_events:
+            caught_up = catch_up(broadcast, engine, sonya.task_events)
+            if caught_up:
+                log.info("published %d task events a stop had left unpublished", caught_up)
+            engine.hooks.append(task_event_hook(broadcast, sonya.task_events))
+
+    async def _start_facades(self, facades: trio.Nursery) -> Callable[[], None]:
         """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
         stopping = trio.Event()
-        broadcast = None
+        broadcast = self.broadcast
         sonya = self.config.sonya
-        if sonya is not None:
-            assert self.catalog is not None
-            broadcast = self.broadcast = Broadcast(
-                self.catalog, max_key_updates=sonya.max_key_updates, listener_buffer=sonya.listener_buffer
-            )
-            await broadcast.open()
-            for tube in sonya.task_events:  # S11: a tube's event queue exists with the tube
-                await broadcast.create(tube)
-            if sonya.task_events:
-                engine.hooks.append(task_event_hook(broadcast, sonya.task_events))
+        if sonya is not None and broadcast is not None:
             self.ports.extra["sonya"] = await facades.start(
                 lambda task_status: serve_sonya(
                     broadcast,

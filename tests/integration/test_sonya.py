@@ -526,3 +526,43 @@ def test_graceful_shutdown_answers_longpolls_and_closes_sockets(tmp_path):
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
     finally:
         srv.close()
+
+
+def test_task_events_after_kill_catch_up_and_include_the_restart(tmp_path):
+    srv = SonyaServer(tmp_path / "events", 'task_events = ["jobs"]', queue_space=True).start()
+    try:
+        c = tarantool.connect("127.0.0.1", srv.proc.port)
+        task_id = c.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "work"])[0][0]
+        assert c.call("box.queue.take", [0, "jobs", 5])[0][0] == task_id
+        acked = c.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "short"])[0][0]
+        assert c.call("box.queue.take", [0, "jobs", 5])[0][0] == acked
+        c.call("box.queue.ack", [0, acked])
+        srv.kill()  # at once: the first task is left taken, and the last events may be unpublished
+        srv.proc.start()
+        wait_for_port(srv.http_port)
+        srv.http = httpx.Client(base_url=srv.base, timeout=30)
+        events = r_ok(srv.poll("jobs", task_id, "first"))
+        statuses = [e["payload"]["status"] for e in events]
+        assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
+        assert statuses[0] == "ready" and statuses[-2:] == ["taken", "ready"]  # the restart's return
+        assert all(e["payload"]["previous"] == p["payload"]["status"] for p, e in zip(events, events[1:], strict=False))
+        gone = r_ok(srv.poll("jobs", acked, "last"))
+        assert gone[0]["payload"]["status"] in ("deleted", "done")
+    finally:
+        srv.close()
+
+
+def test_busy_sonya_port_stops_the_server_with_status_1(tmp_path):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        srv = SonyaServer(tmp_path / "busy")
+        srv.http_port = holder.getsockname()[1]
+        srv.proc.extra_config = f'\n[sonya]\nlisten = "127.0.0.1:{srv.http_port}"\n'
+        with pytest.raises(RuntimeError):
+            srv.proc.start(timeout=15)
+        assert "cannot listen" in srv.proc.log()
+        assert srv.proc.proc.wait(10) == 1
+        srv.http.close()
