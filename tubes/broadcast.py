@@ -103,6 +103,7 @@ class Broadcast:
         self._stopping = False
         # Versions written but not yet fanned out: (queue, id, sequence) -> how many.
         self._in_flight: dict[tuple[str, str, int], int] = {}
+        self._creating: dict[str, trio.Event] = {}  # queues whose create is not durable yet
 
     async def open(self) -> None:
         """Create the spaces if needed and load the queue names (the only in-memory state)."""
@@ -113,15 +114,24 @@ class Broadcast:
 
     async def create(self, queue: str) -> None:
         """Create a queue; an existing one and its history are left alone."""
+        creating = self._creating.get(queue)
+        if creating is not None:  # answer a second create only once the first is durable
+            await creating.wait()
+            if queue in self.queues:
+                return
         if queue in self.queues:
             return
         self.queues.add(queue)
         store = self._store()
+        done = self._creating[queue] = trio.Event()
         try:
             await self.committer.write(lambda txn: store.add_queue(txn, queue))
         except BaseException:
             self.queues.discard(queue)
             raise
+        finally:
+            del self._creating[queue]
+            done.set()
 
     async def close(self, queue: str) -> bool:
         """Drop a queue and its history (counters stay); False if there was no such queue."""
