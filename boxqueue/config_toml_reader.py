@@ -74,7 +74,7 @@ _USER = frozenset({"name", "password", "grants"})
 _GRANT = frozenset({"privileges", "object_type", "object_name"})
 _SONYA = frozenset(
     {"listen", "max_key_updates", "service_token", "jwt_ttl_s", "longpoll_max_wait_s",
-     "task_events"}
+     "task_events", "listener_buffer"}
 )
 
 
@@ -385,11 +385,12 @@ class TomlReader:
             raise self.fail(path + ("service_token",), "sonya.service_token is empty")
         return SonyaConfig(
             listen=self.address(t, path, "listen", DEFAULT_SONYA_LISTEN),
-            max_key_updates=self.integer(t, path, "max_key_updates", None, minimum=1),
+            max_key_updates=self.integer(t, path, "max_key_updates", None, minimum=0),
             service_token=token,
             jwt_ttl_s=self.integer(t, path, "jwt_ttl_s", 60, minimum=1),
             longpoll_max_wait_s=self.number(t, path, "longpoll_max_wait_s", 30.0, minimum=0),
             task_events=tuple(self.strings(t, path, "task_events", ())),
+            listener_buffer=self.integer(t, path, "listener_buffer", 1024, minimum=1),
         )
 
     # -- typed getters -----------------------------------------------------------------------

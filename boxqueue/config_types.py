@@ -122,8 +122,9 @@ class SonyaConfig:
     max_key_updates: int | None = None
     service_token: str | None = None
     jwt_ttl_s: int = 60
-    longpoll_max_wait_s: float = 30
+    longpoll_max_wait_s: float = 30  # 0: no server-side limit (Sonya's own behaviour)
     task_events: tuple[str, ...] = ()
+    listener_buffer: int = 1024  # messages a listener may fall behind before it is closed (1008)
 
 
 @dataclass(frozen=True)

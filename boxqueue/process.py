@@ -8,12 +8,14 @@ lets the group committer commit what is queued and closes LMDB.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
+from facades.sonya import serve_sonya
 from iproto_server.builtins import register_builtins
 from iproto_server.console import ConsoleServer
 from iproto_server.dispatch import Dispatcher
@@ -29,8 +31,10 @@ from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
 from tubes import box_queue
+from tubes.broadcast import Broadcast
 from tubes.engine import QueueEngine
 from tubes.scored import ScoredQueues
+from tubes.task_events import catch_up, task_event_hook
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,7 @@ class Server:
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
         self.scored: ScoredQueues | None = None
+        self.broadcast: Broadcast | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -178,6 +183,7 @@ class Server:
                 await root.start(stats.run)
                 await root.start(lua.run)
                 await create_configured_spaces(catalog, config.spaces)
+                await self._open_broadcast(engine)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)
                     if config.deckard is not None:  # Deckard's queues are scored tubes
@@ -185,23 +191,71 @@ class Server:
                         await engine_nursery.start(self.scored.run)
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
-                    async with trio.open_nursery() as connections:
-                        with trio.CancelScope() as listening:
-                            async with trio.open_nursery() as listeners:
-                                await self._start_listeners(listeners, connections, iproto, console)
-                                log.info("boxqueue is ready")
-                                task_status.started(self.ports)
-                                await self._stop.wait()
-                                listening.cancel()
-                        iproto.stop_reading()
-                        with trio.move_on_after(iproto.grace + 1):
-                            await iproto.wait_closed()
-                        connections.cancel_scope.cancel()
+                    async with trio.open_nursery() as facades:
+                        facades_stop = await self._start_facades(facades)
+                        async with trio.open_nursery() as connections:
+                            with trio.CancelScope() as listening:
+                                async with trio.open_nursery() as listeners:
+                                    await self._start_listeners(listeners, connections, iproto, console)
+                                    log.info("boxqueue is ready")
+                                    task_status.started(self.ports)
+                                    await self._stop.wait()
+                                    listening.cancel()
+                            iproto.stop_reading()
+                            with trio.move_on_after(iproto.grace + 1):
+                                await iproto.wait_closed()
+                            connections.cancel_scope.cancel()
+                        facades_stop()
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
             storage.close()
             log.info("boxqueue stopped")
+
+    async def _open_broadcast(self, engine: QueueEngine) -> None:
+        """The broadcast tubes behind the Sonya facade, with the task-event hook in place before
+        the engine recovers (so the restart's own transitions are published too)."""
+        sonya = self.config.sonya
+        if sonya is None:
+            return
+        assert self.catalog is not None
+        broadcast = self.broadcast = Broadcast(
+            self.catalog, max_key_updates=sonya.max_key_updates, listener_buffer=sonya.listener_buffer
+        )
+        await broadcast.open()
+        for tube in sonya.task_events:  # S11: a tube's event queue exists with the tube
+            await broadcast.create(tube)
+        if sonya.task_events:
+            caught_up = catch_up(broadcast, engine, sonya.task_events)
+            if caught_up:
+                log.info("published %d task events a stop had left unpublished", caught_up)
+            engine.hooks.append(task_event_hook(broadcast, sonya.task_events))
+
+    async def _start_facades(self, facades: trio.Nursery) -> Callable[[], None]:
+        """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
+        stopping = trio.Event()
+        broadcast = self.broadcast
+        sonya = self.config.sonya
+        if sonya is not None and broadcast is not None:
+            self.ports.extra["sonya"] = await facades.start(
+                lambda task_status: serve_sonya(
+                    broadcast,
+                    sonya.listen.host,
+                    sonya.listen.port,
+                    stopping,
+                    service_token=sonya.service_token,
+                    jwt_ttl_s=sonya.jwt_ttl_s,
+                    longpoll_max_wait_s=sonya.longpoll_max_wait_s,
+                    task_status=task_status,
+                )
+            )
+
+        def stop() -> None:
+            if broadcast is not None:
+                broadcast.shutdown()
+            stopping.set()
+
+        return stop
 
     async def _start_listeners(self, listeners: trio.Nursery, connections: trio.Nursery, iproto: IprotoServer,
                                console: ConsoleServer) -> None:
@@ -239,7 +293,6 @@ class Server:
             name
             for name, present in (
                 ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
-                ("the Sonya facade ([sonya])", self.config.sonya is not None),
             )
             if present
         ]

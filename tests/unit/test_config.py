@@ -621,7 +621,7 @@ def test_bad_wal_mode(tmp_path: Path) -> None:
         ("[sonya]\nlongpoll_max_wait_s = -1\n", "x.toml:2: sonya.longpoll_max_wait_s must be at least 0"),
         ("[sonya]\ntask_events = ['a', 2]\n", "x.toml:2: sonya.task_events[1] must be a string, not 2"),
         ("[sonya]\nservice_token = ''\n", "x.toml:2: sonya.service_token is empty"),
-        ("[sonya]\nmax_key_updates = 0\n", "x.toml:2: sonya.max_key_updates must be at least 1, not 0"),
+        ("[sonya]\nmax_key_updates = -1\n", "x.toml:2: sonya.max_key_updates must be at least 0, not -1"),
         ("[sonya]\njwt_ttl_s = true\n", "x.toml:2: sonya.jwt_ttl_s must be an integer, not true"),
         ("space = 1\n", "x.toml:1: space must be an array, not 1"),
         ("space = [1]\n", "x.toml:1: space[0] must be a table, not 1"),
