@@ -14,7 +14,7 @@ install: $(STAMP) $(NODE_STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,pipeline]'
 	@touch $(STAMP)
 
 # The Node connector, for its compatibility test; skipped quietly where npm is missing.
