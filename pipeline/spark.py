@@ -16,16 +16,17 @@ default 512), ``connect_timeout`` (seconds, default 10), ``pushdown`` (default f
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
 from pyspark.sql.types import StructType
 from tarantool.error import DatabaseError
 
-from pipeline.connect import describe_database_error, describe_space, open_connection
+from pipeline.connect import SpaceInfo, describe_database_error, describe_space, open_connection
 from pipeline.errors import BoxqueueSourceError
 from pipeline.field_types import read_schema
-from pipeline.options import parse_options
+from pipeline.options import SourceOptions, parse_options
 from pipeline.space_reader import PushdownSpaceReader, SpaceReader, describe
 from pipeline.writers import SpaceWriter, TubeWriter
 
@@ -39,27 +40,27 @@ class BoxqueueDataSource(DataSource):
     def name(cls) -> str:
         return "boxqueue"
 
-    def __init__(self, options: Any) -> None:
-        super().__init__(options)
-        self.opts = parse_options(options)
-        self._space = None
+    @cached_property
+    def opts(self) -> SourceOptions:
+        """The options, parsed once (Spark's ``__init__`` must not be overridden)."""
+        return parse_options(self.options)
 
-    def _space_info(self):
-        if self._space is None:
-            self._space = describe(self.opts)
-        return self._space
+    @cached_property
+    def space_info(self) -> SpaceInfo:
+        """The space's format and primary key, read once on the driver."""
+        return describe(self.opts)
 
     def schema(self) -> StructType:
         if self.opts.tube:
             raise BoxqueueSourceError("a tube cannot be read directly: read its queue space with option 'space'")
-        return read_schema(self._space_info())
+        return read_schema(self.space_info)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.opts.tube:
             raise BoxqueueSourceError("a tube cannot be read directly: read its queue space with option 'space'")
         pushdown = str(self.options.get("pushdown", "false")).strip().lower() in ("true", "1", "yes")
         kind = PushdownSpaceReader if pushdown else SpaceReader
-        return kind(self.opts, self._space_info(), schema)
+        return kind(self.opts, self.space_info, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         opts = self.opts

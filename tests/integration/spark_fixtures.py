@@ -90,6 +90,11 @@ id = 606
 name = "hashed"
 format = [{name = "k", type = "string"}, {name = "n", type = "unsigned"}]
 indexes = [{name = "primary", type = "HASH", unique = true, parts = [{field = 0, type = "string"}]}]
+
+[[space]]
+id = 607
+name = "bare"
+indexes = [{name = "primary", type = "TREE", unique = true, parts = [{field = 0, type = "unsigned"}]}]
 """
 
 

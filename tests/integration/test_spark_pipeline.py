@@ -105,7 +105,7 @@ def test_round_trip_of_every_supported_type(spark, uri, conn):
     assert stored[9].value == (1700000000000000 + 12345 * 1001) * 1000
     assert stored[10] is None  # 12345 % 5 == 0
 
-    back = read(spark, uri, "every_type", partitions="4")
+    back = read(spark, uri, "every_type", partitions="4").cache()  # read once for the checks below
     assert back.rdd.getNumPartitions() == 4
     assert [(f.name, f.dataType.simpleString()) for f in back.schema.fields] == [
         ("id", "bigint"), ("i", "bigint"), ("n", "double"), ("d", "double"), ("s", "string"),
@@ -117,6 +117,7 @@ def test_round_trip_of_every_supported_type(spark, uri, conn):
     assert values.exceptAll(source).count() == 0
     assert source.exceptAll(values).count() == 0
     assert back.filter("_tail is not null").count() == 0
+    back.unpersist()
 
 
 @pytest.mark.parametrize(
@@ -253,6 +254,20 @@ def test_array_map_and_extra_fields_travel_as_json(spark, uri, conn):
     # arrays, maps and the extra fields come back as they were; `any` keeps the text it was read as
     assert copied[1] == [1, ["a", 2], {"k": "v"}, '{"x":[1]}', "extra", 3]
     assert copied[2] == [2, [], {}, "plain"]
+
+
+def test_a_space_without_format_is_read_and_written_by_position(spark, uri, conn):
+    conn.call("box.space.bare:truncate")
+    conn.replace("bare", [1, "one", 1.5])
+    conn.replace("bare", [2, "two", 2.5, "extra"])
+    with pytest.raises(Exception, match="space 'bare' has no format: give the columns with .schema"):
+        read(spark, uri, "bare")
+    frame = (spark.read.format("boxqueue").schema("k long, label string, x double")
+             .option("uri", uri).option("space", "bare").load())
+    assert sorted(tuple(row) for row in frame.collect()) == [(1, "one", 1.5), (2, "two", 2.5)]
+    write(frame.selectExpr("k + 10 as k", "label", "x"), uri, space="bare")
+    assert conn.select("bare", [11]).data == [[11, "one", 1.5]]
+    assert conn.select("bare", [12]).data == [[12, "two", 2.5]]
 
 
 def test_login_with_user_and_password(spark, uri):
