@@ -138,3 +138,28 @@ def describe_space(conn: tarantool.Connection, space: str, uri: str) -> SpaceInf
         pk_types=pk_types,
         pk_kind=str(primary.index).lower(),
     )
+
+
+def check_queue_space(conn: tarantool.Connection, space: SpaceInfo, unique: bool) -> None:
+    """Refuse, before any put, a space box.queue would refuse for every row.
+
+    The server takes a space as a queue space when its indexes have the 1.5 layout: the task id
+    first, then (tube, status, ...) and (tube, event); put_unique also needs a fourth index.
+    """
+    def parts(iid: int) -> list[int] | None:
+        try:
+            return [int(field) for field, _ in conn.schema.get_index(space.id, iid).parts]
+        except SchemaError:
+            return None
+
+    layout = (parts(1) or [])[:2] == [1, 2] and (parts(2) or [])[:2] == [1, 3] and space.pk_fields == (0,)
+    if not layout:
+        raise BoxqueueSourceError(
+            f"space '{space.name}' is not a queue space: box.queue needs the 1.5 layout "
+            "(primary key on the task id, indexes on tube+status and tube+event)"
+        )
+    if unique and parts(3) is None:
+        raise BoxqueueSourceError(
+            f"option unique needs put_unique, and queue space '{space.name}' has no fourth "
+            "(tube, status, data) index for it"
+        )

@@ -2,9 +2,9 @@
 
 The ``tarantool`` connector is synchronous: each call sends one request and waits for its answer,
 so a write would cost a network round trip and a server commit per row. Here the connector still
-builds every request and parses every answer, but a sender writes requests as fast as the window
-allows while a reader thread takes the answers off the socket, matched by their sync numbers (see
-``PipelinedConnection``). The window (``pipeline_depth``) bounds the requests in flight, which keeps
+builds every request, frames every answer and parses every error, but a sender writes requests as
+fast as the window allows while a reader thread takes the answers off the socket, matched by their
+sync numbers (see ``PipelinedConnection``). The window (``pipeline_depth``) bounds the requests in flight, which keeps
 the server's per-connection limit and both sides' memory bounded; the reader always drains the
 socket, so a full send buffer can never deadlock against a full receive buffer.
 """
@@ -51,7 +51,7 @@ class PipelinedRequests:
         self._reader.start()
 
     def send(self, request: Request, context: Any) -> None:
-        """Queue one request; it goes out with the next flush (every 64 KiB or when the window fills)."""
+        """Queue one request; it goes out with the next flush (at 64 KiB or a quarter of the window)."""
         if self._failure is not None:
             raise self._failure
         data = bytes(request)  # assigns the sync

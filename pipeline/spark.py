@@ -23,7 +23,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWrite
 from pyspark.sql.types import StructType
 from tarantool.error import DatabaseError
 
-from pipeline.connect import SpaceInfo, describe_database_error, describe_space, open_connection
+from pipeline.connect import (
+    SpaceInfo,
+    check_queue_space,
+    describe_database_error,
+    describe_space,
+    open_connection,
+)
 from pipeline.errors import BoxqueueSourceError
 from pipeline.field_types import read_schema
 from pipeline.options import SourceOptions, parse_options
@@ -70,6 +76,7 @@ class BoxqueueDataSource(DataSource):
         try:
             if opts.tube:
                 queue_space = describe_space(conn, opts.queue_space, opts.uri)
+                check_queue_space(conn, queue_space, opts.unique)
                 writer: DataSourceWriter = TubeWriter(opts, queue_space, schema)
                 if overwrite:
                     self._call(conn, "box.queue.truncate", [queue_space.id, opts.tube],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 PIPELINE_SPACES = """
@@ -96,6 +97,11 @@ id = 607
 name = "bare"
 indexes = [{name = "primary", type = "TREE", unique = true, parts = [{field = 0, type = "unsigned"}]}]
 """
+
+
+def java_missing() -> bool:
+    """Spark runs on a JVM: without one the Spark tests are skipped (with this reason)."""
+    return shutil.which("java") is None and not os.environ.get("JAVA_HOME")
 
 
 def spark_session():

@@ -14,8 +14,10 @@ import tarantool  # noqa: E402
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
 
 from pipeline.spark import PUSHDOWN_CONF, BoxqueueDataSource, register  # noqa: E402
-from tests.integration.spark_fixtures import PIPELINE_SPACES, spark_session  # noqa: E402
+from tests.integration.spark_fixtures import PIPELINE_SPACES, java_missing, spark_session  # noqa: E402
 from tests.serverproc import ServerProcess, free_port  # noqa: E402
+
+pytestmark = pytest.mark.skipif(java_missing(), reason="Spark needs Java 17 (java on PATH or JAVA_HOME)")
 
 ROUND_TRIP_ROWS = 100_000
 
@@ -291,6 +293,8 @@ def test_clear_errors(spark, uri):
         write(spark.range(1).selectExpr("id", "'x' as name", "'red' as colour"), uri, space="archive")
     with pytest.raises(Exception, match="space 'archive' needs a column for field 'name'"):
         write(spark.range(1), uri, space="archive")
+    with pytest.raises(Exception, match="space 'archive' is not a queue space"):
+        write(spark.range(1).selectExpr("'x' as payload"), uri, tube="t", queue_space="archive")
     with pytest.raises(Exception, match="column 'ttl' .* must be numeric"):
         write(spark.range(1).selectExpr("'soon' as ttl", "'x' as payload"), uri, tube="t", queue_space="0")
 
