@@ -105,14 +105,18 @@ def java_missing() -> bool:
 
 
 def spark_session():
-    """A local[2] session for tests: loopback only, this interpreter on the executors."""
+    """A local session of two threads for tests: loopback only, this interpreter on the executors.
+
+    ``local[2,2]`` is ``local[2]`` that retries a failed task once, as a cluster would (plain
+    ``local[2]`` never retries), so a test can see a Spark task retry.
+    """
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName("boxqueue-pipeline-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")

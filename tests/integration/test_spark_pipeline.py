@@ -234,6 +234,39 @@ def test_retried_tube_write_with_unique_does_not_enqueue_twice(spark, uri, conn)
     assert len(take_all(conn, "plain")) == 400 + len(range(0, 400, 3))
 
 
+def test_a_spark_task_retried_after_a_failure_does_not_enqueue_twice(spark, uri, conn, tmp_path):
+    marker = tmp_path / "first-attempt-failed"
+    rows, fail_at = 6000, 5900
+
+    def payload(i):
+        from pyspark import TaskContext
+
+        if i == fail_at and TaskContext.get().attemptNumber() == 0:
+            marker.write_text("failed")
+            raise RuntimeError("injected failure of the first attempt")
+        return f"task-{i}"
+
+    from pyspark.sql.functions import col, udf
+
+    make_payload = udf(payload, "string")
+    frame = spark.range(rows, numPartitions=1).select(make_payload(col("id")).alias("payload"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")  # rows reach the writer early
+    try:
+        write(frame, uri, tube="retried", queue_space="0", unique="true")
+        assert marker.read_text() == "failed"  # the first attempt really failed; the job still succeeded
+        marker.unlink()
+        write(frame, uri, tube="retried_plain", queue_space="0")  # the same, without unique
+        assert marker.read_text() == "failed"
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    ready = conn.select("queue", ["retried", "r"], index="tube_status").data  # every ready task
+    payloads = [task[12] for task in ready]
+    assert len(payloads) == rows
+    assert set(payloads) == {f"task-{i}" for i in range(rows)}
+    # Plain puts enqueue again what the failed attempt had put before it failed.
+    assert len(conn.select("queue", ["retried_plain", "r"], index="tube_status").data) > rows
+
+
 def test_overwrite_of_a_tube_truncates_it(spark, uri, conn):
     write(spark.range(5).selectExpr("concat('old-', id) as payload"), uri, tube="nightly", queue_space="0")
     write(spark.range(3).selectExpr("concat('new-', id) as payload"), uri, mode="overwrite", tube="nightly",
