@@ -28,12 +28,14 @@ from pipeline.options import SourceOptions
 def _column_sources(schema: StructType, space: SpaceInfo) -> list[int | None]:
     """For each column, the tuple field it reads (None: the ``_tail`` of extra fields)."""
     sources: list[int | None] = []
-    for position, column in enumerate(schema.fields):
+    position = 0  # without a format, columns other than _tail are fields 0, 1, 2...
+    for column in schema.fields:
         if column.name == TAIL_COLUMN:
             sources.append(None)
             continue
         if not space.fields:
             sources.append(position)
+            position += 1
             continue
         number = space.field_named(column.name)
         if number is None:
@@ -52,7 +54,7 @@ class TuplesToArrow:
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.sources = _column_sources(schema, space)
         self.converters = [read_converter(column.dataType) for column in schema.fields]
-        self.width = len(space.fields)
+        self.width = len(space.fields) or sum(1 for source in self.sources if source is not None)
         self.space = space
 
     def batch(self, rows: list[list[Any]]) -> pa.RecordBatch:

@@ -73,7 +73,8 @@ class SpaceWriter(DataSourceArrowWriter):
 
     def _plan(self) -> None:
         space = self.space
-        for position, column in enumerate(self.schema.fields):
+        position = 0  # without a format, columns other than _tail go to fields 0, 1, 2...
+        for column in self.schema.fields:
             if column.name == TAIL_COLUMN:
                 self.targets.append(None)
                 self.field_types.append("any")
@@ -81,6 +82,7 @@ class SpaceWriter(DataSourceArrowWriter):
             if not space.fields:
                 self.targets.append(position)
                 self.field_types.append("any")
+                position += 1
                 continue
             number = space.field_named(column.name)
             if number is None:
@@ -103,7 +105,7 @@ class SpaceWriter(DataSourceArrowWriter):
             column_values(batch.column(i), column.dataType, field_type)
             for i, (column, field_type) in enumerate(zip(self.schema.fields, self.field_types, strict=True))
         ]
-        width = len(self.space.fields) if self.space.fields else len(columns)
+        width = len(self.space.fields) or sum(1 for target in self.targets if target is not None)
         targets = self.targets
         for values in zip(*columns, strict=True):
             stored: list[Any] = [None] * width

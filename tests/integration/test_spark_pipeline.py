@@ -303,6 +303,12 @@ def test_a_space_without_format_is_read_and_written_by_position(spark, uri, conn
     write(frame.selectExpr("k + 10 as k", "label", "x"), uri, space="bare")
     assert conn.select("bare", [11]).data == [[11, "one", 1.5]]
     assert conn.select("bare", [12]).data == [[12, "two", 2.5]]
+    # With _tail in the schema, the fields past the given columns travel too.
+    with_tail = (spark.read.format("boxqueue").schema("_tail string, k long, label string")
+                 .option("uri", uri).option("space", "bare").load().filter("k < 10"))
+    assert sorted(tuple(row) for row in with_tail.collect()) == [("[1.5]", 1, "one"), ('[2.5,"extra"]', 2, "two")]
+    write(with_tail.selectExpr("k + 20 as k", "label", "_tail"), uri, space="bare")
+    assert conn.select("bare", [22]).data == [[22, "two", 2.5, "extra"]]
 
 
 def test_login_with_user_and_password(spark, uri):
