@@ -332,6 +332,9 @@ def test_clear_errors(spark, uri):
         write(spark.range(1).selectExpr("id", "'x' as name", "'red' as colour"), uri, space="archive")
     with pytest.raises(Exception, match="space 'archive' needs a column for field 'name'"):
         write(spark.range(1), uri, space="archive")
+    with pytest.raises(Exception, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):  # Spark's rule: append/overwrite
+        spark.range(1).selectExpr("'x' as payload").write.format("boxqueue").option("uri", uri).option(
+            "tube", "t").save()
     with pytest.raises(Exception, match="space 'archive' is not a queue space"):
         write(spark.range(1).selectExpr("'x' as payload"), uri, tube="t", queue_space="archive")
     with pytest.raises(Exception, match="column 'ttl' .* must be numeric"):
