@@ -16,7 +16,7 @@ install: $(STAMP) $(NODE_STAMP) $(DECKARD_STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,pipeline]'
 	@touch $(STAMP)
 
 # Deckard's proto, compiled by the pinned grpcio-tools into the facade's package (not committed:

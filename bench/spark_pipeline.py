@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Rows/s of the Spark data source: write, then read back, N rows of a two-field space.
+
+Starts a boxqueue server of its own (a temporary directory, a free loopback port) and a local
+Spark session, then times three jobs end to end, as a user would see them:
+
+* write: ``spark.range(N)`` as (id, payload) into the space, mode append (REPLACE, pipelined);
+* read: the whole space through the ``noop`` sink (every column materialised, nothing kept);
+* tube: ``--tube-rows`` rows into a tube with ``box.queue.put`` (0 to skip).
+
+    .venv/bin/python bench/spark_pipeline.py                  # 1,000,000 rows, local[*]
+    .venv/bin/python bench/spark_pipeline.py --rows 200000 --partitions 4 --wal write
+
+Each time includes Spark's job start-up (a second or two); see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.serverproc import ServerProcess  # noqa: E402
+
+SPACES = """
+[[space]]
+id = 0
+name = "queue"
+format = [
+  { name = "id", type = "string" }, { name = "tube", type = "string" },
+  { name = "status", type = "string" }, { name = "event", type = "unsigned" },
+  { name = "ipri", type = "unsigned" }, { name = "pri", type = "unsigned" },
+  { name = "cid", type = "unsigned" }, { name = "created", type = "unsigned" },
+  { name = "ttl", type = "unsigned" }, { name = "ttr", type = "unsigned" },
+  { name = "cbury", type = "unsigned" }, { name = "ctaken", type = "unsigned" },
+]
+indexes = [
+  { name = "task_id", type = "TREE", unique = true, parts = [[0, "string"]] },
+  { name = "tube_status", type = "TREE", unique = false, parts = [
+    [1, "string"], [2, "string"], [4, "unsigned"], [5, "unsigned"],
+  ] },
+  { name = "tube_event", type = "TREE", unique = false, parts = [[1, "string"], [3, "unsigned"]] },
+]
+
+[[space]]
+id = 700
+name = "bench"
+format = [{ name = "id", type = "unsigned" }, { name = "payload", type = "string" }]
+indexes = [{ name = "primary", type = "TREE", unique = true, parts = [{ field = 0, type = "unsigned" }] }]
+"""
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--tube-rows", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=2, help="Spark partitions for writing and reading")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--wal", default="fsync", choices=("fsync", "write", "none"))
+    parser.add_argument("--depth", default="512", help="option pipeline_depth")
+    parser.add_argument("--batch-size", default="1000", help="option batch_size")
+    parser.add_argument("--json", help="also write the results to this file")
+    return parser.parse_args()
+
+
+def timed(what: str, rows: int, job) -> dict:
+    started = time.perf_counter()
+    job()
+    seconds = time.perf_counter() - started
+    result = {"job": what, "rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
+    print(f"{what:>6}: {rows:>9,} rows in {seconds:7.2f} s = {rows / seconds:>9,.0f} rows/s", flush=True)
+    return result
+
+
+def main() -> int:
+    args = parse()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from pipeline.spark import register
+
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="spark-bench-")), extra_config=SPACES,
+                           wal_mode=args.wal, read_only=False)
+    server.start()
+    spark = (
+        SparkSession.builder.master(args.master).appName("boxqueue pipeline bench")
+        .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    uri = f"127.0.0.1:{server.port}"
+    results = []
+    try:
+        frame = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+            "id", "concat('payload-', id) as payload")
+        results.append(timed("write", args.rows, lambda: (
+            frame.write.format("boxqueue").option("uri", uri).option("space", "bench")
+            .option("pipeline_depth", args.depth).mode("append").save())))
+        source = (spark.read.format("boxqueue").option("uri", uri).option("space", "bench")
+                  .option("partitions", str(args.partitions)).option("batch_size", args.batch_size))
+        results.append(timed("read", args.rows, lambda: source.load().write.format("noop").mode("overwrite").save()))
+        if args.tube_rows:
+            tasks = spark.range(args.tube_rows, numPartitions=args.partitions).selectExpr(
+                "concat('task-', id) as payload")
+            results.append(timed("tube", args.tube_rows, lambda: (
+                tasks.write.format("boxqueue").option("uri", uri).option("tube", "bench")
+                .option("pipeline_depth", args.depth).mode("append").save())))
+    finally:
+        spark.stop()
+        server.stop()
+    report = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "system": platform.platform()},
+        "options": vars(args),
+        "results": results,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
