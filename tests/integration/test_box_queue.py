@@ -713,6 +713,20 @@ def test_priorities_are_offsets_and_ties_are_fifo(q, tube):
     assert q("take", 0, tube, 0) == []
 
 
+def test_pipelined_puts_on_one_connection_are_fifo_in_request_order(qserver, q, tube):
+    """Tarantool runs the requests of one connection in arrival order; so do puts sent without
+    waiting for their answers, however they are grouped into commits."""
+    raw = RawIproto(qserver.port)
+    try:
+        syncs = raw.send_many([("box.queue.put", [0, tube, 0, 0, 0, 0, i]) for i in range(300)])
+        answers = [raw.wait_for(sync) for sync in syncs]
+    finally:
+        raw.close()
+    assert all(code == 0 for code, _ in answers)
+    taken = [q.task("take", 0, tube, 0)[3] for _ in range(300)]
+    assert taken == list(range(300))
+
+
 def test_fifo_among_equal_priorities_survives_state_changes(q, tube):
     a, b, c = (q.task("put", 0, tube, 0, 0, 0, 0, name)[0] for name in "abc")
     assert q.task("take", 0, tube, 0)[0] == a
