@@ -11,6 +11,7 @@ import trio
 
 from boxqueue.config import ConfigError, load_config
 from boxqueue.process import Server
+from errcodes import BoxError
 from storage.environment import StorageError
 
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as exc:  # noqa: BLE001 - report start-up failures without a traceback
         leaves = _leaves(exc)
-        if leaves and all(isinstance(e, StorageError | OSError) for e in leaves):
+        if leaves and all(isinstance(e, StorageError | OSError | BoxError) for e in leaves):
             for leaf in leaves:
                 prefix = "cannot listen: " if isinstance(leaf, OSError) else ""
                 print(f"boxqueue: {prefix}{leaf}", file=sys.stderr)

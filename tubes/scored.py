@@ -33,6 +33,7 @@ import lmdb
 import trio
 from sortedcontainers import SortedList
 
+from errcodes import ER, BoxError
 from spaces.catalog import Catalog
 from spaces.msgpack_values import pack
 from spaces.space import REPLACE, Space, decode_tuple
@@ -167,7 +168,9 @@ class ScoredQueues:
             await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
         laid_out = tuple((f.name, f.type) for f in space.defn.format) == tuple((f.name, f.type) for f in fmt)
         if not laid_out or space.primary is None or space.primary.fieldnos != tuple(p[0] for p in parts):
-            raise RuntimeError(f"space '{name}' exists with another layout than the scored tubes' own")
+            raise BoxError(
+                ER.SPACE_EXISTS, name, message=f"Space '{name}' already exists with another layout than Deckard's"
+            )
         return space
 
     def _recover(self) -> None:

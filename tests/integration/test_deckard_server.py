@@ -356,3 +356,23 @@ def test_stopping_during_a_large_add_keeps_it_whole_or_not_at_all(tmp_path, how)
     finally:
         dk.close()
         srv.proc.kill()
+
+
+def test_a_space_named_like_deckards_with_another_layout_stops_the_server_cleanly(tmp_path):
+    srv = DeckardServer.create(tmp_path / "srv")
+    srv.proc.extra_config += (
+        '\n[[space]]\nname = "deckard_messages"\nformat = [{ name = "id", type = "unsigned" }]\n'
+        'indexes = [{ name = "primary", type = "TREE", unique = true, parts = [{ field = 0, type = "unsigned" }] }]\n'
+    )
+    srv.proc.workdir.mkdir(parents=True)
+    srv.proc.write_config()
+    done = subprocess.run(
+        [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(srv.proc.config_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Space 'deckard_messages' already exists" in done.stderr
+    assert "Traceback" not in done.stderr
