@@ -14,6 +14,7 @@ import trio
 
 from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
+from facades.zaqar import serve_zaqar
 from iproto_server.builtins import register_builtins
 from iproto_server.dispatch import Dispatcher
 from iproto_server.server import IprotoServer
@@ -25,6 +26,7 @@ from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
 from tubes import box_queue
+from tubes.claims import ClaimQueues
 from tubes.engine import QueueEngine
 
 log = logging.getLogger(__name__)
@@ -138,23 +140,41 @@ class Server:
                     await engine_nursery.start(engine.run)
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
-                    async with trio.open_nursery() as connections:
-                        with trio.CancelScope() as listening:
-                            async with trio.open_nursery() as listeners:
-                                await self._start_listeners(listeners, connections, iproto)
-                                log.info("boxqueue is ready")
-                                task_status.started(self.ports)
-                                await self._stop.wait()
-                                listening.cancel()
-                        iproto.stop_reading()
-                        with trio.move_on_after(iproto.grace + 1):
-                            await iproto.wait_closed()
-                        connections.cancel_scope.cancel()
+                    async with trio.open_nursery() as facades:
+                        facades_stop = await self._start_facades(engine_nursery, facades)
+                        async with trio.open_nursery() as connections:
+                            with trio.CancelScope() as listening:
+                                async with trio.open_nursery() as listeners:
+                                    await self._start_listeners(listeners, connections, iproto)
+                                    log.info("boxqueue is ready")
+                                    task_status.started(self.ports)
+                                    await self._stop.wait()
+                                    listening.cancel()
+                            iproto.stop_reading()
+                            with trio.move_on_after(iproto.grace + 1):
+                                await iproto.wait_closed()
+                            connections.cancel_scope.cancel()
+                        facades_stop.set()
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
             storage.close()
             log.info("boxqueue stopped")
+
+    async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> trio.Event:
+        """Start the HTTP facades; setting the returned event stops them gracefully."""
+        stopping = trio.Event()
+        zaqar = self.config.zaqar
+        if zaqar is not None:
+            assert self.catalog is not None
+            queues = self.claim_queues = ClaimQueues(self.catalog)
+            await engine_nursery.start(queues.run)
+            self.ports.extra["zaqar"] = await facades.start(
+                lambda task_status: serve_zaqar(
+                    queues, zaqar.listen.host, zaqar.listen.port, stopping, task_status=task_status
+                )
+            )
+        return stopping
 
     async def _start_listeners(self, listeners: trio.Nursery, connections: trio.Nursery, iproto: IprotoServer) -> None:
         cfg = self.config.iproto
@@ -175,7 +195,6 @@ class Server:
             for name, present in (
                 ("the admin console (iproto.admin_listen)", cfg.admin_listen is not None),
                 ("the Deckard facade ([deckard])", self.config.deckard is not None),
-                ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
                 ("the Sonya facade ([sonya])", self.config.sonya is not None),
             )
             if present
