@@ -97,6 +97,7 @@ class Server:
         self._stop = trio.Event()
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
+        self.claim_queues: ClaimQueues | None = None
 
     def stop(self) -> None:
         self._stop.set()

@@ -14,6 +14,8 @@ so concurrent claimers never share a message; a failed write puts the memory bac
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import time
 import uuid
@@ -29,6 +31,7 @@ from sortedcontainers import SortedDict, SortedList
 from spaces import iterators
 from spaces.catalog import Catalog
 from spaces.space import REPLACE, Space, decode_tuple
+from tubes.pools import PoolCatalog
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,38 @@ class ClaimQueue:
         return [m for m in self.messages.values() if m.expires > now and not m.claimed(now)]
 
 
+def timed(operation: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Record how the latest call of a method went and how long it took (for health, Z6)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def timed_async(self: ClaimQueues, *args: Any, **kwargs: Any) -> Any:
+                started, ok = time.perf_counter(), False
+                try:
+                    result = await fn(self, *args, **kwargs)
+                    ok = True
+                    return result
+                finally:
+                    self.operations[operation] = (ok, time.perf_counter() - started)
+
+            return timed_async
+
+        @functools.wraps(fn)
+        def timed_sync(self: ClaimQueues, *args: Any, **kwargs: Any) -> Any:
+            started, ok = time.perf_counter(), False
+            try:
+                result = fn(self, *args, **kwargs)
+                ok = True
+                return result
+            finally:
+                self.operations[operation] = (ok, time.perf_counter() - started)
+
+        return timed_sync
+
+    return wrap
+
+
 class ClaimQueues:
     """Every project's claim queues, over the three spaces of the catalogue."""
 
@@ -143,11 +178,14 @@ class ClaimQueues:
         self._seq = 0
         self._nursery: trio.Nursery | None = None
         self.spaces: dict[str, Space] = {}
+        self.pools = PoolCatalog(catalog)
+        self.operations: dict[str, tuple[bool, float]] = {}  # latest (succeeded, seconds)
 
     # -- start -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self._ensure_spaces()
+        await self.pools.open()
         self._recover()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -217,6 +255,7 @@ class ClaimQueues:
     def queue(self, project: str, name: str) -> ClaimQueue | None:
         return self.queues.get((project, name))
 
+    @timed("create_queue")
     async def create_queue(self, project: str, name: str, metadata: dict[str, Any]) -> bool:
         """Create the queue with ``metadata``; False (and nothing changed) if it exists."""
         if (project, name) in self.queues:
@@ -240,6 +279,7 @@ class ClaimQueues:
         names = sorted(n for p, n in self.queues if p == project and (marker is None or n > marker))
         return [self.queues[(project, n)] for n in names[:limit]]
 
+    @timed("delete_queue")
     async def delete_queue(self, project: str, name: str) -> None:
         """Remove the queue with its messages and claims."""
         queue = self.queues.pop((project, name), None)
@@ -253,6 +293,7 @@ class ClaimQueues:
 
     # -- messages ----------------------------------------------------------------------------
 
+    @timed("post_messages")
     async def post(self, project: str, name: str, client: str, items: list[tuple[Any, int]]) -> list[str]:
         """Append ``(body, ttl)`` items all or nothing (the queue is created if missing)."""
         queue = await self._ensure_queue(project, name)
@@ -268,6 +309,7 @@ class ClaimQueues:
             queue.wakeup.set()
         return [m.id for m in msgs]
 
+    @timed("list_messages")
     def list_messages(
         self, project: str, name: str, marker: int | None, limit: int, hide_client: str | None,
         include_claimed: bool,
@@ -304,6 +346,7 @@ class ClaimQueues:
                 found.append(msg)
         return found
 
+    @timed("delete_messages")
     async def delete_message(self, project: str, name: str, mid: str, claim_id: str | None) -> str:
         queue = self.queues.get((project, name))
         now = time.time()
@@ -323,6 +366,7 @@ class ClaimQueues:
         await self._remove(queue, [msg])
         return DELETED
 
+    @timed("bulk_delete_messages")
     async def delete_messages(self, project: str, name: str, ids: list[str]) -> None:
         """Bulk delete ignores claims."""
         queue = self.queues.get((project, name))
@@ -351,6 +395,7 @@ class ClaimQueues:
 
     # -- claims ------------------------------------------------------------------------------
 
+    @timed("claim_messages")
     async def claim(self, project: str, name: str, ttl: int, grace: int, limit: int) -> tuple[Claim, list[Message]] | None:
         """Claim up to ``limit`` of the oldest free messages; None when there is none."""
         queue = self.queues.get((project, name))
@@ -415,6 +460,7 @@ class ClaimQueues:
         queue.wakeup.set()
         return True
 
+    @timed("delete_claim")
     async def release(self, project: str, name: str, cid: str) -> None:
         queue = self.queues.get((project, name))
         claim = queue.claims.get(cid) if queue is not None else None
@@ -427,6 +473,16 @@ class ClaimQueues:
         await self._commit(
             [self._delete(CLAIMS_SPACE, [cid])] + [self._message_write(queue, m) for m in msgs]
         )
+
+    def message_volume(self) -> dict[str, int]:
+        now = time.time()
+        total = claimed = 0
+        for queue in self.queues.values():
+            for msg in queue.messages.values():
+                if msg.expires > now:
+                    total += 1
+                    claimed += msg.claimed(now)
+        return {"free": total - claimed, "claimed": claimed, "total": total}
 
     # -- stats -------------------------------------------------------------------------------
 

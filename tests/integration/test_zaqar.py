@@ -455,6 +455,8 @@ def test_everything_survives_kill_9(tmp_path):
             ids = post(c, "kept", "a", "b", "c", ttl=3000)
             cid = c.post("/v1.1/queues/kept/claims?limit=1", json={"ttl": 600}).headers["location"].rsplit("/", 1)[1]
             c.delete(f"/v1.1/queues/kept/messages/{ids[2]}")
+            c.put("/v1.1/pools/p1", json={"uri": "boxqueue://zq_kept", "weight": 3})
+            c.put("/v1.1/flavors/f1", json={"capabilities": {"k": "v"}})
         server.proc.kill()
         server.proc.start()
         with server.client() as c:
@@ -466,5 +468,83 @@ def test_everything_survives_kill_9(tmp_path):
             new = post(c, "kept", "d")
             listed = c.get("/v1.1/queues/kept/messages?echo=true").json()["messages"]
             assert [m["id"] for m in listed] == [ids[1]] + new  # FIFO continues after the restart
+            assert c.get("/v1.1/pools/p1").json()["weight"] == 3
+            assert c.get("/v1.1/flavors/f1?detailed=true").json()["capabilities"] == {"k": "v"}
     finally:
         server.stop()
+
+
+# -- health, pools, flavors ---------------------------------------------------------------------
+
+
+def test_health_reports_volume_and_operations(c, q):
+    post(c, q, "a", "b")
+    c.post(f"/v1.1/queues/{q}/claims?limit=1")
+    doc = c.get("/v1.1/health").json()
+    assert doc["storage_reachable"] is True
+    assert doc["message_volume"]["claimed"] >= 1 and doc["message_volume"]["total"] >= 2
+    for op in ("post_messages", "claim_messages", "create_queue"):
+        status = doc["operation_status"][op]
+        assert status["succeeded"] is True and status["ref"] is None and 0 <= status["seconds"] < 30
+
+
+def test_pools(c):
+    name = "pool" + uuid.uuid4().hex[:6]
+    space = "zq_" + uuid.uuid4().hex[:8]
+    assert c.get(f"/v1.1/pools/{name}").json()["description"] == f"Pool {name} does not exist"
+    r = c.put(f"/v1.1/pools/{name}", json={"uri": f"boxqueue://{space}", "weight": 10, "options": {"a": 1}})
+    assert r.status_code == 201 and r.headers["location"] == f"/v1.1/pools/{name}"
+    assert c.get(f"/v1.1/pools/{name}").json() == {"name": name, "uri": f"boxqueue://{space}", "weight": 10,
+                                                  "flavor": None, "href": f"/v1.1/pools/{name}"}
+    assert c.get(f"/v1.1/pools/{name}?detailed=true").json()["options"] == {"a": 1}
+    assert c.put(f"/v1.1/pools/{name}", json={"uri": f"boxqueue://{space}", "weight": 5}).status_code == 201
+    error(c.put("/v1.1/pools/other", json={"uri": f"boxqueue://{space}", "weight": 1}), 409, "Resource conflict",
+          "The database URI is in use by another pool.")
+    error(c.put("/v1.1/pools/other", json={"uri": "redis://localhost", "weight": 1}), 400, "Invalid request body",
+          "cannot connect to redis://localhost")
+    for bad in ({"uri": "boxqueue://x"}, {"uri": "boxqueue://x", "weight": 1, "extra": 1},
+                {"uri": "boxqueue://x", "weight": "1"}, {"uri": "boxqueue://x", "weight": -1}):
+        error(c.put("/v1.1/pools/other", json=bad), 400, "Invalid request body")
+    error(c.put("/v1.1/pools/other", content=b"", headers={"Content-Type": "application/json"}), 400,
+          "Invalid request body", "JSON could not be parsed.")
+    error(c.patch(f"/v1.1/pools/{name}", json={"flavor": "x"}), 400, "Invalid request body",
+          "One of `uri`, `weight`,or `options` needs to be specified")
+    r = c.patch(f"/v1.1/pools/{name}", json={"weight": 7})
+    assert r.status_code == 200 and r.content == b""
+    assert c.get(f"/v1.1/pools/{name}").json()["weight"] == 7
+    error(c.patch("/v1.1/pools/nosuch", json={"weight": 7}), 404, "Not found", "Pool nosuch does not exist")
+    listed = c.get("/v1.1/pools?limit=1000")
+    assert listed.headers["content-location"] == "/v1.1/pools?limit=1000"
+    assert name in [p["name"] for p in listed.json()["pools"]]
+    assert listed.json()["links"][0]["href"].startswith("/v1.1/pools?limit=1000&marker=")
+    assert c.delete(f"/v1.1/pools/{name}").status_code == 204
+    assert c.delete(f"/v1.1/pools/{name}").status_code == 204
+    assert c.get(f"/v1.1/pools/{name}").status_code == 404
+
+
+def test_flavors(zaqar, c, q):
+    pool = "fp" + uuid.uuid4().hex[:6]
+    c.put(f"/v1.1/pools/{pool}", json={"uri": f"boxqueue://zq_{pool}", "weight": 1})
+    r = c.put("/v1.1/flavors/gold", json={"capabilities": {"durable": True}, "pool": pool})
+    assert r.status_code == 201 and r.headers["location"] == "/v1.1/flavors/gold"
+    assert c.get("/v1.1/flavors/gold").json() == {"name": "gold", "href": "/v1.1/flavors/gold"}
+    assert c.get("/v1.1/flavors/gold?detailed=true").json()["capabilities"] == {"durable": True}
+    error(c.put("/v1.1/flavors/bad", json={"capabilities": 1}), 400, "Invalid request body")
+    assert c.put("/v1.1/flavors/plain", json={}).status_code == 201
+    error(c.patch("/v1.1/flavors/gold", json={}), 400, "Invalid request body")
+    assert c.patch("/v1.1/flavors/gold", json={"capabilities": {"fast": 1}}).status_code == 200
+    assert c.get("/v1.1/flavors/gold?detailed=true").json()["capabilities"] == {"fast": 1}
+    error(c.patch("/v1.1/flavors/nosuch", json={"capabilities": {}}), 404, "Not found", "Flavor nosuch does not exist")
+    error(c.delete(f"/v1.1/pools/{pool}"), 403, "Unable to delete",
+          "This pool is used by flavors gold; It cannot be deleted.")
+    assert c.put(f"/v1.1/queues/{q}", json={"_flavor": "gold"}).status_code == 201
+    error(c.put("/v1.1/queues/another", json={"_flavor": "nosuch"}), 400, "Invalid API request",
+          "Flavor nosuch does not exist")
+    page = c.get("/v1.1/flavors?limit=1").json()
+    assert page["flavors"] == [{"name": "gold", "href": "/v1.1/flavors/gold"}]
+    assert page["links"] == [{"rel": "next", "href": "/v1.1/flavors?limit=1&marker=gold"}]
+    with zaqar.client(project="elsewhere") as other:
+        assert other.get("/v1.1/flavors").json() == {"links": [], "flavors": []}  # flavors are per project
+    for name in ("gold", "plain", "gold"):
+        assert c.delete(f"/v1.1/flavors/{name}").status_code == 204
+    assert c.delete(f"/v1.1/pools/{pool}").status_code == 204
