@@ -87,10 +87,11 @@ class Claim:
 class ClaimQueue:
     """One queue's cache: metadata, messages in FIFO order, live claims, the expiry timeline."""
 
-    def __init__(self, project: str, name: str, metadata: dict[str, Any]) -> None:
+    def __init__(self, project: str, name: str, metadata: dict[str, Any], space: str = MESSAGES_SPACE) -> None:
         self.project = project
         self.name = name
         self.metadata = metadata
+        self.space = space  # where its messages are: the default space or a pool's
         self.messages: SortedDict = SortedDict()  # seq -> Message
         self.by_id: dict[str, Message] = {}
         self.claims: dict[str, Claim] = {}
@@ -210,13 +211,16 @@ class ClaimQueues:
         """Rebuild the caches from the spaces; claims already expired are dropped lazily."""
         for raw in self.spaces[QUEUES_SPACE].pairs(0, iterators.ALL, []):
             f = decode_tuple(raw)
-            self.queues[(f[1], f[2])] = ClaimQueue(f[1], f[2], f[3])
+            self.queues[(f[1], f[2])] = ClaimQueue(f[1], f[2], f[3], f[4] if len(f) > 4 else MESSAGES_SPACE)
         for raw in self.spaces[CLAIMS_SPACE].pairs(0, iterators.ALL, []):
             f = decode_tuple(raw)
             queue = self.queues.get((f[1], f[2]))
             if queue is not None:
                 queue.place_claim(Claim(f[0], f[3], f[4], f[5], f[6]))
-        for raw in self.spaces[MESSAGES_SPACE].pairs(0, iterators.ALL, []):
+        message_spaces = {MESSAGES_SPACE} | {q.space for q in self.queues.values()}
+        raws = [raw for name in sorted(message_spaces) if (space := self._space(name)) is not None
+                for raw in space.pairs(0, iterators.ALL, [])]
+        for raw in raws:
             f = decode_tuple(raw)
             queue = self.queues.get((f[1], f[2]))
             if queue is None:
@@ -230,11 +234,18 @@ class ClaimQueues:
 
     # -- writes ------------------------------------------------------------------------------
 
+    def _space(self, name: str) -> Space | None:
+        return self.spaces.get(name) or self.catalog.by_name.get(name)
+
     def _put(self, space_name: str, fields: list[Any]) -> Callable[[lmdb.Transaction], Any]:
-        return self.spaces[space_name].prepare_put(msgpack.packb(fields), fields, REPLACE)
+        space = self._space(space_name)
+        assert space is not None, space_name
+        return space.prepare_put(msgpack.packb(fields), fields, REPLACE)
 
     def _delete(self, space_name: str, key: list[Any]) -> Callable[[lmdb.Transaction], Any]:
-        return self.spaces[space_name].prepare_delete(0, key)
+        space = self._space(space_name)
+        assert space is not None, space_name
+        return space.prepare_delete(0, key)
 
     async def _commit(self, writes: list[Callable[[lmdb.Transaction], Any]]) -> None:
         """All of ``writes`` in one transaction; returns once durable."""
@@ -248,7 +259,7 @@ class ClaimQueues:
         await self.committer.write(write)
 
     def _message_write(self, queue: ClaimQueue, msg: Message) -> Callable[[lmdb.Transaction], Any]:
-        return self._put(MESSAGES_SPACE, msg.fields(queue.project, queue.name))
+        return self._put(queue.space, msg.fields(queue.project, queue.name))
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -260,9 +271,10 @@ class ClaimQueues:
         """Create the queue with ``metadata``; False (and nothing changed) if it exists."""
         if (project, name) in self.queues:
             return False
-        queue = self.queues[(project, name)] = ClaimQueue(project, name, metadata)
+        space = self.pools.place(project, metadata.get("_flavor")) or MESSAGES_SPACE
+        queue = self.queues[(project, name)] = ClaimQueue(project, name, metadata, space)
         try:
-            await self._commit([self._put(QUEUES_SPACE, [0, project, name, metadata])])
+            await self._commit([self._put(QUEUES_SPACE, [0, project, name, metadata, space])])
         except BaseException:
             if self.queues.get((project, name)) is queue:
                 del self.queues[(project, name)]
@@ -286,7 +298,7 @@ class ClaimQueues:
         if queue is None:
             return
         writes = [self._delete(QUEUES_SPACE, [project, name])]
-        writes += [self._delete(MESSAGES_SPACE, [seq]) for seq in queue.messages]
+        writes += [self._delete(queue.space, [seq]) for seq in queue.messages]
         writes += [self._delete(CLAIMS_SPACE, [cid]) for cid in queue.claims]
         queue.wakeup.set()
         await self._commit(writes)
@@ -387,7 +399,7 @@ class ClaimQueues:
         for msg in msgs:
             queue.unplace(msg)
         try:
-            await self._commit([self._delete(MESSAGES_SPACE, [m.seq]) for m in msgs])
+            await self._commit([self._delete(queue.space, [m.seq]) for m in msgs])
         except BaseException:
             for msg in msgs:
                 queue.place(msg)
@@ -534,7 +546,7 @@ class ClaimQueues:
                 if msg is not None:
                     queue.timeline.add((msg.expires, "m", msg.seq))  # unplace discards it again
                     queue.unplace(msg)
-                    writes.append(self._delete(MESSAGES_SPACE, [ident]))
+                    writes.append(self._delete(queue.space, [ident]))
             elif queue.claims.pop(ident, None) is not None:
                 writes.append(self._delete(CLAIMS_SPACE, [ident]))
         await self._commit(writes)

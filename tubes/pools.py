@@ -8,6 +8,7 @@ kept in memory as a cache of their spaces and every change is one durable write.
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,19 @@ class PoolCatalog:
     def list_pools(self, marker: str | None, limit: int) -> list[Pool]:
         names = sorted(n for n in self.pools if marker is None or n > marker)
         return [self.pools[n] for n in names[:limit]]
+
+    def place(self, project: str, flavor: str | None) -> str | None:
+        """The space for a new queue: a pool chosen by weight (among the flavor's pool, if the
+        flavor names one), as Zaqar places queues; None when no pool is registered."""
+        candidates = list(self.pools.values())
+        chosen_flavor = self.flavors.get((project, flavor)) if flavor is not None else None
+        if chosen_flavor is not None and chosen_flavor.pool in self.pools:
+            candidates = [self.pools[chosen_flavor.pool]]
+        candidates = [p for p in candidates if p.weight > 0]
+        if not candidates:
+            return None
+        pool = random.choices(candidates, weights=[p.weight for p in candidates])[0]
+        return pool.uri[len(URI_SCHEME):]
 
     async def put_flavor(self, project: str, name: str, capabilities: dict[str, Any], pool: str | None) -> None:
         await self._replace(FLAVORS_SPACE, [project, name, capabilities, pool])

@@ -548,3 +548,22 @@ def test_flavors(zaqar, c, q):
     for name in ("gold", "plain", "gold"):
         assert c.delete(f"/v1.1/flavors/{name}").status_code == 204
     assert c.delete(f"/v1.1/pools/{pool}").status_code == 204
+
+
+def test_queues_are_placed_on_pools(zaqar, c):
+    import tarantool
+
+    space = "zq_place" + uuid.uuid4().hex[:6]
+    assert c.put("/v1.1/pools/placing", json={"uri": f"boxqueue://{space}", "weight": 100}).status_code == 201
+    try:
+        name = "placed" + uuid.uuid4().hex[:6]
+        (mid,) = post(c, name, {"where": "pool"})
+        conn = tarantool.connect("127.0.0.1", zaqar.proc.port)
+        try:
+            rows = conn.select(space).data
+        finally:
+            conn.close()
+        assert [(r[1], r[2], r[3], r[8]) for r in rows] == [("proj", name, mid, {"where": "pool"})]
+        c.delete(f"/v1.1/queues/{name}")
+    finally:
+        c.delete("/v1.1/pools/placing")
