@@ -138,31 +138,35 @@ class ClaimQueue:
 
 
 def timed(operation: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Record how the latest call of a method went and how long it took (for health, Z6)."""
+    """Record how the latest call of a method went and how long it took, per message space (the
+    default one or a pool's), for health (Z6). The methods take ``(project, queue, ...)``."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
-            async def timed_async(self: ClaimQueues, *args: Any, **kwargs: Any) -> Any:
+            async def timed_async(self: ClaimQueues, project: str, name: str, *args: Any, **kwargs: Any) -> Any:
+                space = self.space_of(project, name)
                 started, ok = time.perf_counter(), False
                 try:
-                    result = await fn(self, *args, **kwargs)
+                    result = await fn(self, project, name, *args, **kwargs)
                     ok = True
                     return result
                 finally:
-                    self.operations[operation] = (ok, time.perf_counter() - started)
+                    space = space or self.space_of(project, name) or MESSAGES_SPACE
+                    self.operations.setdefault(space, {})[operation] = (ok, time.perf_counter() - started)
 
             return timed_async
 
         @functools.wraps(fn)
-        def timed_sync(self: ClaimQueues, *args: Any, **kwargs: Any) -> Any:
+        def timed_sync(self: ClaimQueues, project: str, name: str, *args: Any, **kwargs: Any) -> Any:
             started, ok = time.perf_counter(), False
             try:
-                result = fn(self, *args, **kwargs)
+                result = fn(self, project, name, *args, **kwargs)
                 ok = True
                 return result
             finally:
-                self.operations[operation] = (ok, time.perf_counter() - started)
+                space = self.space_of(project, name) or MESSAGES_SPACE
+                self.operations.setdefault(space, {})[operation] = (ok, time.perf_counter() - started)
 
         return timed_sync
 
@@ -180,7 +184,7 @@ class ClaimQueues:
         self._nursery: trio.Nursery | None = None
         self.spaces: dict[str, Space] = {}
         self.pools = PoolCatalog(catalog)
-        self.operations: dict[str, tuple[bool, float]] = {}  # latest (succeeded, seconds)
+        self.operations: dict[str, dict[str, tuple[bool, float]]] = {}  # space -> op -> (ok, seconds)
 
     # -- start -------------------------------------------------------------------------------
 
@@ -486,10 +490,20 @@ class ClaimQueues:
             [self._delete(CLAIMS_SPACE, [cid])] + [self._message_write(queue, m) for m in msgs]
         )
 
-    def message_volume(self) -> dict[str, int]:
+    def space_of(self, project: str, name: str) -> str | None:
+        queue = self.queues.get((project, name))
+        return queue.space if queue is not None else None
+
+    def space_reachable(self, space: str) -> bool:
+        return self._space(space) is not None
+
+    def message_volume(self, space: str | None = None) -> dict[str, int]:
+        """Live messages (of the queues in ``space``, or all)."""
         now = time.time()
         total = claimed = 0
         for queue in self.queues.values():
+            if space is not None and queue.space != space:
+                continue
             for msg in queue.messages.values():
                 if msg.expires > now:
                     total += 1

@@ -35,8 +35,8 @@ from facades.zaqar.errors import (
     not_found,
 )
 from tubes import claims as store
-from tubes.claims import ClaimQueues, Message
-from tubes.pools import Flavor, Pool, PoolError
+from tubes.claims import MESSAGES_SPACE, ClaimQueues, Message
+from tubes.pools import URI_SCHEME, Flavor, Pool, PoolError
 
 log = logging.getLogger(__name__)
 
@@ -533,12 +533,24 @@ class ZaqarApp:
     # -- health ----------------------------------------------------------------------------
 
     async def health(self, call: Call) -> Response:
-        operations = {
-            op: {"succeeded": ok, "seconds": round(seconds, 6), "ref": None if ok else op}
-            for op, (ok, seconds) in sorted(self.queues.operations.items())
-        }
-        return document(call, {"storage_reachable": True, "operation_status": operations,
-                               "message_volume": self.queues.message_volume()})
+        """Zaqar's health: flat without pools, per pool (with catalog_reachable) once pools exist."""
+        queues = self.queues
+
+        def figures(space: str) -> dict[str, Any]:
+            operations = {
+                op: {"succeeded": ok, "seconds": round(seconds, 6), "ref": None if ok else op}
+                for op, (ok, seconds) in sorted(queues.operations.get(space, {}).items())
+            }
+            return {"storage_reachable": queues.space_reachable(space), "operation_status": operations,
+                    "message_volume": queues.message_volume(space)}
+
+        pools = queues.pools.pools
+        if not pools:
+            return document(call, figures(MESSAGES_SPACE))
+        doc: dict[str, Any] = {"catalog_reachable": True}
+        for pool in pools.values():
+            doc[pool.name] = figures(pool.uri[len(URI_SCHEME):])
+        return document(call, doc)
 
     # -- pools and flavors -----------------------------------------------------------------
 

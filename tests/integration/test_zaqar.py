@@ -565,6 +565,11 @@ def test_queues_are_placed_on_pools(zaqar, c):
         finally:
             conn.close()
         assert [(r[1], r[2], r[3], r[8]) for r in rows] == [("proj", name, mid, {"where": "pool"})]
+        health = c.get("/v1.1/health").json()  # with pools, the figures are per pool
+        assert health["catalog_reachable"] is True
+        assert health["placing"]["storage_reachable"] is True
+        assert health["placing"]["message_volume"] == {"free": 1, "claimed": 0, "total": 1}
+        assert health["placing"]["operation_status"]["post_messages"]["succeeded"] is True
         c.delete(f"/v1.1/queues/{name}")
     finally:
         c.delete("/v1.1/pools/placing")
