@@ -30,10 +30,12 @@ from sortedcontainers import SortedDict, SortedList
 
 from spaces import iterators
 from spaces.catalog import Catalog
-from spaces.space import REPLACE, Space, decode_tuple
+from spaces.space import REPLACE, Space, StorageError, decode_tuple
 from tubes.pools import PoolCatalog
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ClaimQueues", "Claim", "ClaimQueue", "Message", "StorageError"]  # StorageError: a failed write
 
 QUEUES_SPACE = "zaqar_queues"
 MESSAGES_SPACE = "zaqar_messages"

@@ -33,9 +33,10 @@ from facades.zaqar.errors import (
     bad_api,
     bad_body,
     not_found,
+    unavailable,
 )
 from tubes import claims as store
-from tubes.claims import MESSAGES_SPACE, ClaimQueues, Message
+from tubes.claims import MESSAGES_SPACE, ClaimQueues, Message, StorageError
 from tubes.pools import URI_SCHEME, Flavor, Pool, PoolError
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,18 @@ class Call:
 
 
 Handler = Callable[["ZaqarApp", Call], Awaitable[Response]]
+
+# Zaqar's 503 texts when storage fails, by handler.
+UNAVAILABLE = {
+    "put_queue": "Queue could not be created.", "get_queue": "Queue metadata could not be retrieved.",
+    "delete_queue": "Queue could not be deleted.", "list_queues": "Queues could not be listed.",
+    "queue_stats": "Queue stats could not be read.", "post_messages": "Messages could not be enqueued.",
+    "get_messages": "Messages could not be listed.", "get_message": "Message could not be retrieved.",
+    "delete_message": "Message could not be deleted.", "delete_messages": "Messages could not be deleted.",
+    "post_claim": "Claim could not be created.", "get_claim": "Claim could not be queried.",
+    "patch_claim": "Claim could not be updated.", "delete_claim": "Claim could not be deleted.",
+    "health": "Health status could not be read.",
+}
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -218,7 +231,11 @@ class ZaqarApp:
                 inp.check_queue_name(m["queue"], project)
             call = Call(request, inp.parse_query(request.scope.get("query_string", b"")), client, project,
                         reply_type, m.groupdict())
-            return await handler(self, call)
+            try:
+                return await handler(self, call)
+            except StorageError as exc:
+                log.error("Zaqar %s failed on storage: %s", handler.__name__, exc)
+                raise unavailable(UNAVAILABLE.get(handler.__name__, "Storage could not be reached.")) from None
         raise ZaqarError(404, "404 Not Found")
 
     async def read_body(self, call: Call, *, max_size: int | None = None, too_large: str = "",

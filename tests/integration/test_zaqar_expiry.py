@@ -1,4 +1,5 @@
-"""Expiry of Zaqar messages and claims, on time, with the server in the test's own trio loop.
+"""The Zaqar facade with the server in the test's own trio loop: expiry of messages and claims
+on time, and storage failures answered with 503.
 
 The API's ranges (claim and message ttl of at least 60 s) would make these tests minutes long, so
 the claims and messages are made through the same ``ClaimQueues`` the facade uses, with ttls of
@@ -83,3 +84,30 @@ async def test_renew_extends_the_claim(running):
     await trio.sleep(1.5)
     r = await c.get(f"/v1.1/queues/q/claims/{claim.id}")
     assert r.status_code == 200 and r.json()["ttl"] == 3 and r.json()["age"] <= 2
+
+
+async def test_storage_failure_is_503_and_the_server_keeps_serving(running, monkeypatch):
+    """A failing commit cannot be caused for real here, so the committer is made to fail."""
+    from tubes.claims import StorageError
+
+    server, c = running
+    committer = server.claim_queues.committer
+    real_write = committer.write
+
+    async def failing(*args, **kwargs):
+        raise StorageError("disk gone")
+
+    monkeypatch.setattr(committer, "write", failing)
+    r = await c.post("/v1.1/queues/q/messages", json={"messages": [{"body": 1}]})
+    assert r.status_code == 503
+    assert r.json() == {"title": "Service temporarily unavailable",
+                        "description": "Messages could not be enqueued. Please try again in a few seconds."}
+    assert "q" not in [x["name"] for x in (await c.get("/v1.1/queues")).json()["queues"]]
+    monkeypatch.setattr(committer, "write", real_write)
+    assert (await c.post("/v1.1/queues/q/messages", json={"messages": [{"body": 1}]})).status_code == 201
+    claim = await c.post("/v1.1/queues/q/claims")
+    monkeypatch.setattr(committer, "write", failing)
+    r = await c.delete(claim.headers["location"])
+    assert r.status_code == 503 and r.json()["description"].startswith("Claim could not be deleted.")
+    monkeypatch.setattr(committer, "write", real_write)
+    assert (await c.get("/v1.1/ping")).status_code == 204
