@@ -135,8 +135,15 @@ class ClaimQueue:
         claim = self.claims.get(cid)
         return claim if claim is not None and claim.expires > now else None
 
-    def free_messages(self, now: float) -> list[Message]:
-        return [m for m in self.messages.values() if m.expires > now and not m.claimed(now)]
+    def free_messages(self, now: float, limit: int) -> list[Message]:
+        """The oldest ``limit`` live messages under no live claim."""
+        found = []
+        for msg in self.messages.values():
+            if msg.expires > now and not msg.claimed(now):
+                found.append(msg)
+                if len(found) >= limit:
+                    break
+        return found
 
 
 def timed(operation: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -340,7 +347,8 @@ class ClaimQueues:
         now = time.time()
         found = []
         start = 0 if marker is None else marker + 1
-        for msg in queue.messages.values()[queue.messages.bisect_left(start):]:
+        for seq in queue.messages.irange(minimum=start):
+            msg = queue.messages[seq]
             if msg.expires <= now or (hide_client is not None and msg.client == hide_client):
                 continue
             if not include_claimed and msg.claimed(now):
@@ -397,7 +405,7 @@ class ClaimQueues:
         queue = self.queues.get((project, name))
         if queue is None:
             return []
-        msgs = queue.free_messages(time.time())[:count]
+        msgs = queue.free_messages(time.time(), count)
         await self._remove(queue, msgs)
         return msgs
 
@@ -420,7 +428,7 @@ class ClaimQueues:
         if queue is None:
             return None
         now = time.time()
-        msgs = queue.free_messages(now)[:limit]
+        msgs = queue.free_messages(now, limit)
         if not msgs:
             return None
         claim = Claim(uuid.uuid4().hex, ttl, grace, now + ttl, now, {m.seq for m in msgs})
