@@ -109,9 +109,21 @@ def no_content(headers: dict[str, str] | None = None) -> Response:
 def error_response(err: ZaqarError, reply_type: str | None) -> Response:
     """The one mapping of refusals to Zaqar's error bodies."""
     headers = dict(err.headers)
+    if reply_type == inp.XML:
+        return Response(xml_error(err), err.status, headers, media_type="application/xml")
     if reply_type is None:
         return Response(b"", err.status, headers)
     return Response(encode(err.body(), reply_type), err.status, headers, media_type=reply_type)
+
+
+def xml_error(err: ZaqarError) -> bytes:
+    """Falcon's XML error document, for clients that prefer XML (they get only errors)."""
+    from xml.sax.saxutils import escape
+
+    parts = [f"<title>{escape(err.title)}</title>"]
+    if err.description is not None:
+        parts.append(f"<description>{escape(err.description)}</description>")
+    return ('<?xml version="1.0" encoding="UTF-8"?><error>' + "".join(parts) + "</error>").encode("utf-8")
 
 
 # -- representations ---------------------------------------------------------------------------
@@ -191,6 +203,8 @@ class ZaqarApp:
             reply_type = inp.response_type(request.headers.get("accept"))
             response = await self._serve(request, reply_type)
         except ZaqarError as err:
+            if reply_type is None and inp.prefers_xml(request.headers.get("accept")):
+                reply_type = inp.XML
             response = error_response(err, reply_type)
         except Exception as exc:  # Zaqar answers 500 with the exception text
             log.exception("Zaqar request %s %s failed", request.method, request.url.path)
@@ -208,7 +222,7 @@ class ZaqarApp:
                              "supported media type is `application/json`; specify proper client-side media type "
                              'with the "Content-Type" header.')
         if reply_type is None:
-            raise ZaqarError(406, "Media type not acceptable",
+            raise ZaqarError(406, "406 Not Acceptable",
                              'Endpoint only serves `application/json`; specify client-side media type support '
                              'with the "Accept" header.',
                              extra={"link": {"text": "14.1 Accept, Hypertext Transfer Protocol -- HTTP/1.1",

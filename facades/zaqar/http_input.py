@@ -19,6 +19,7 @@ from facades.zaqar.errors import ZaqarError, bad_body
 
 JSON = "application/json"
 MSGPACK = "application/x-msgpack"
+XML = "application/xml"
 MSGPACK_TYPES = ("application/x-msgpack", "application/msgpack", "application/vnd.msgpack")
 TRUE_WORDS = frozenset({"true", "True", "t", "yes", "y", "1", "on"})
 FALSE_WORDS = frozenset({"false", "False", "f", "no", "n", "0", "off"})
@@ -108,6 +109,12 @@ def response_type(accept: str | None) -> str | None:
     if json_q > 0:
         return JSON
     return MSGPACK if pack_q > 0 and pack_spec == 2 else None
+
+
+def prefers_xml(accept: str | None) -> bool:
+    """Whether a client that takes neither JSON nor msgpack takes XML (for its error bodies)."""
+    ranges = _media_ranges(accept or "")
+    return max(_quality(ranges, XML)[0], _quality(ranges, "text/xml")[0]) > 0
 
 
 def check_client_id(value: str | None, required: bool) -> str | None:

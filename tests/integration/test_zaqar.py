@@ -130,6 +130,20 @@ def test_accept_and_content_type(c, q):
                    "application/vnd.openstack.messaging-v1_1+json"):
         r = c.get("/v1.1/queues", headers={"Accept": accept})
         assert r.status_code == 406, accept
+    r = c.get("/v1.1/queues", headers={"Accept": "application/json-home, */*;q=0"})
+    assert r.status_code == 406
+    r = c.get("/v1.1/queues", headers={"Accept": "application/vnd.openstack.messaging-v1_1+json, text/*"})
+    assert r.status_code == 406
+    r = c.get("/v1.1/queues", headers={"Accept": "plain/text"})
+    assert r.content == b""  # accepts neither JSON nor XML: no body
+    r = c.get("/v1.1/queues", headers={"Accept": "application/xml"})
+    assert r.headers["content-type"].startswith("application/xml")
+    assert b"<title>406 Not Acceptable</title>" in r.content
+    r = c.get("/v1.1/queues", headers={"Accept": "application/x-msgpack"})  # Z2: msgpack is served
+    assert r.status_code == 200 and "queues" in msgpack.unpackb(r.content)
+    r = c.get("/v1.1/queues")
+    doc = c.get("/v1.1/queues", headers={"Accept": "application/json"}).json()
+    assert r.status_code == 200 and r.json() == doc
     for accept in ("*/*", "application/*", "application/xml, application/json;q=0.1"):
         assert c.get("/v1.1/queues", headers={"Accept": accept}).status_code == 200
     r = c.put(f"/v1.1/queues/{q}", content=b"a=b", headers={"Content-Type": "application/x-www-form-urlencoded"})
