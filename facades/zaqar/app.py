@@ -259,7 +259,8 @@ class ZaqarApp:
         if length is not None and max_size is not None and length.isdigit() and int(length) > max_size:
             await self.drain(call)
             raise bad_api(too_large)
-        if length is None and call.request.headers.get("transfer-encoding") is None:
+        if length is None:  # no Content-Length at all (chunked): falcon sees no body
+            await self.drain(call)
             if empty_is_none or not required:
                 return None
             raise bad_body("Request body can not be empty")

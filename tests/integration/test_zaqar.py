@@ -260,6 +260,11 @@ def test_post_validation(c, q):
     for bad in (b"null", b'"fail"', b"[", b"12"):
         error(c.post(url, content=bad, headers={"Content-Type": "application/json"}), 400, "Invalid request body",
               "Request body could not be parsed.")
+    def chunked():
+        yield b'{"messages": [{"body": 1}]}'
+
+    error(c.post(url, content=chunked(), headers={"Content-Type": "application/json"}), 400,
+          "Invalid request body", "Request body can not be empty")
     envelope = b'{"messages": [{"body": "%s"}]}'
     exact = envelope % (b"x" * (262_144 - len(envelope % b"")))
     assert len(exact) == 262_144
