@@ -5,7 +5,8 @@ from __future__ import annotations
 import trio
 
 from facades.asgi_serving import serve_asgi
-from facades.zaqar.app import Limits, ZaqarApp
+from facades.zaqar.app import ZaqarApp
+from facades.zaqar.responses import Limits
 from tubes.claims import ClaimQueues
 
 __all__ = ["Limits", "ZaqarApp", "serve_zaqar"]

@@ -3,30 +3,26 @@
 Requests pass Zaqar's checks in Zaqar's order (Content-Type, Accept, Client-ID, X-Project-Id,
 then routing with 404/405, then the queue name), are answered by one handler per route and
 method, and every refusal is a :class:`ZaqarError` turned into ``{"title", "description"}`` by
-:func:`error_response`, the one place that maps errors to responses.
+:func:`facades.zaqar.responses.error_response`, the one place that maps errors to responses.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-import msgpack
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from facades.zaqar import http_input as inp
+from facades.zaqar.admin import AdminHandlers
 from facades.zaqar.errors import (
-    BAD_BODY,
     LIMIT_TEXT,
     UNABLE_TO_DELETE,
     ZaqarError,
@@ -35,43 +31,25 @@ from facades.zaqar.errors import (
     not_found,
     unavailable,
 )
+from facades.zaqar.responses import (
+    BASE,
+    Call,
+    Limits,
+    age,
+    document,
+    error_response,
+    message_doc,
+    next_link,
+    no_content,
+    page_limit,
+    stat_doc,
+)
 from tubes import claims as store
-from tubes.claims import MESSAGES_SPACE, ClaimQueues, Message, StorageError
-from tubes.pools import URI_SCHEME, Flavor, Pool, PoolError
+from tubes.claims import ClaimQueues, StorageError
 
 log = logging.getLogger(__name__)
 
-BASE = "/v1.1"
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Zaqar's defaults (decision Z3)."""
-
-    message_ttl: tuple[int, int] = (60, 1_209_600)
-    default_message_ttl: int = 3600
-    claim_ttl: tuple[int, int] = (60, 43_200)
-    claim_grace: tuple[int, int] = (60, 43_200)
-    default_claim_ttl: int = 300
-    default_claim_grace: int = 60
-    max_messages_post_size: int = 262_144
-    max_queue_metadata: int = 65_536
-    max_page: int = 20
-    default_page: int = 10
-
-
-@dataclass
-class Call:
-    """One request after the common checks."""
-
-    request: Request
-    params: dict[str, list[str]]
-    client: str | None
-    project: str
-    reply_type: str
-    match: dict[str, str]
-
 
 Handler = Callable[["ZaqarApp", Call], Awaitable[Response]]
 
@@ -88,82 +66,11 @@ UNAVAILABLE = {
 }
 
 
-# -- responses ---------------------------------------------------------------------------------
-
-
-def encode(doc: Any, reply_type: str) -> bytes:
-    if reply_type == inp.MSGPACK:
-        return msgpack.packb(doc, use_bin_type=True)
-    return json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8")
-
-
-def document(call: Call, doc: Any, status: int = 200, headers: dict[str, str] | None = None,
-             media: str | None = None) -> Response:
-    return Response(encode(doc, call.reply_type), status, headers, media_type=media or call.reply_type)
-
-
-def no_content(headers: dict[str, str] | None = None) -> Response:
-    return Response(None, 204, headers)
-
-
-def error_response(err: ZaqarError, reply_type: str | None) -> Response:
-    """The one mapping of refusals to Zaqar's error bodies."""
-    headers = dict(err.headers)
-    if reply_type == inp.XML:
-        return Response(xml_error(err), err.status, headers, media_type="application/xml")
-    if reply_type is None:
-        return Response(b"", err.status, headers)
-    return Response(encode(err.body(), reply_type), err.status, headers, media_type=reply_type)
-
-
-def xml_error(err: ZaqarError) -> bytes:
-    """Falcon's XML error document, for clients that prefer XML (they get only errors)."""
-    from xml.sax.saxutils import escape
-
-    parts = [f"<title>{escape(err.title)}</title>"]
-    if err.description is not None:
-        parts.append(f"<description>{escape(err.description)}</description>")
-    return ('<?xml version="1.0" encoding="UTF-8"?><error>' + "".join(parts) + "</error>").encode("utf-8")
-
-
-# -- representations ---------------------------------------------------------------------------
-
-
-def age(since: float, now: float) -> int:
-    return max(0, int(now - since))
-
-
-def message_doc(queue: str, msg: Message, now: float) -> dict[str, Any]:
-    href = f"{BASE}/queues/{queue}/messages/{msg.id}"
-    if msg.claim_id:
-        href += f"?claim_id={msg.claim_id}"
-    return {"id": msg.id, "href": href, "ttl": msg.ttl, "age": age(msg.created, now), "body": msg.body}
-
-
-def stat_doc(queue: str, msg: Message, now: float) -> dict[str, Any]:
-    created = datetime.fromtimestamp(msg.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"age": age(msg.created, now), "created": created, "href": f"{BASE}/queues/{queue}/messages/{msg.id}"}
-
-
-def next_link(path: str, params: dict[str, list[str]], keep: dict[str, str], marker: str) -> list[dict[str, str]]:
-    query = "&".join(f"{k}={v}" for k, v in keep.items() if k in params)
-    query = f"{query}&marker={marker}" if query else f"marker={marker}"
-    return [{"rel": "next", "href": f"{path}?{query}"}]
-
-
-def page_limit(call: Call, limits: Limits, text: str = LIMIT_TEXT) -> int:
-    limit = inp.query_int(call.params, "limit")
-    if limit is None:
-        return limits.default_page
-    if not 1 <= limit <= limits.max_page:
-        raise bad_api(text)
-    return limit
-
 
 # -- the application ---------------------------------------------------------------------------
 
 
-class ZaqarApp:
+class ZaqarApp(AdminHandlers):
     """Routes and handlers; ``asgi`` is the Starlette application to serve."""
 
     def __init__(self, queues: ClaimQueues, limits: Limits | None = None) -> None:
@@ -508,7 +415,7 @@ class ZaqarApp:
 
     # -- claims ----------------------------------------------------------------------------
 
-    def claim_ttl_grace(self, doc: Any, check_grace: bool) -> tuple[int, int]:
+    def claim_ttl_grace(self, doc: Any) -> tuple[int, int]:
         if doc is None:
             doc = {}
         if not isinstance(doc, dict):
@@ -522,7 +429,7 @@ class ZaqarApp:
 
     async def post_claim(self, call: Call) -> Response:
         doc = await self.read_body(call, empty_is_none=True)
-        ttl, grace = self.claim_ttl_grace(doc, True)
+        ttl, grace = self.claim_ttl_grace(doc)
         limit = page_limit(call, self.limits)
         low, high = self.limits.claim_grace
         if not low <= grace <= high:
@@ -553,7 +460,7 @@ class ZaqarApp:
 
     async def patch_claim(self, call: Call) -> Response:
         doc = await self.read_body(call)
-        ttl, grace = self.claim_ttl_grace(doc, False)
+        ttl, grace = self.claim_ttl_grace(doc)
         if not await self.queues.renew(call.project, call.match["queue"], call.match["claim"], ttl, grace):
             raise self._no_claim(call)
         return no_content()
@@ -561,168 +468,3 @@ class ZaqarApp:
     async def delete_claim(self, call: Call) -> Response:
         await self.queues.release(call.project, call.match["queue"], call.match["claim"])
         return no_content()
-
-    # -- health ----------------------------------------------------------------------------
-
-    async def health(self, call: Call) -> Response:
-        """Zaqar's health: flat without pools, per pool (with catalog_reachable) once pools exist."""
-        queues = self.queues
-
-        def figures(space: str) -> dict[str, Any]:
-            operations = {
-                op: {"succeeded": ok, "seconds": round(seconds, 6), "ref": None if ok else op}
-                for op, (ok, seconds) in sorted(queues.operations.get(space, {}).items())
-            }
-            return {"storage_reachable": queues.space_reachable(space), "operation_status": operations,
-                    "message_volume": queues.message_volume(space)}
-
-        pools = queues.pools.pools
-        if not pools:
-            return document(call, figures(MESSAGES_SPACE))
-        doc: dict[str, Any] = {"catalog_reachable": True}
-        for pool in pools.values():
-            doc[pool.name] = figures(pool.uri[len(URI_SCHEME):])
-        return document(call, doc)
-
-    # -- pools and flavors -----------------------------------------------------------------
-
-    async def admin_body(self, call: Call) -> dict[str, Any]:
-        """Pools and flavors parse with Zaqar's other loader: anything unreadable is one text."""
-        try:
-            doc = await self.read_body(call)
-        except ZaqarError as err:
-            if err.status == 400 and err.title == BAD_BODY:
-                raise bad_body("JSON could not be parsed.") from None
-            raise
-        if not isinstance(doc, dict):
-            raise bad_body("JSON could not be parsed.")
-        return doc
-
-    @staticmethod
-    def check_pool_fields(doc: dict[str, Any], required: bool) -> None:
-        extra = set(doc) - {"uri", "weight", "options", "flavor"}
-        if extra:
-            raise bad_body(f"Additional properties are not allowed ({', '.join(sorted(map(repr, extra)))} "
-                           "were unexpected)")
-        if required:
-            for key in ("uri", "weight"):
-                if key not in doc:
-                    raise bad_body(f"'{key}' is a required property")
-        if "uri" in doc and (not isinstance(doc["uri"], str) or len(doc["uri"]) > 255):
-            raise bad_body(f"{doc['uri']!r} is not valid under the schema of 'uri'")
-        weight = doc.get("weight", 0)
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 2**32 - 1:
-            raise bad_body(f"{weight!r} is not valid under the schema of 'weight'")
-        if "options" in doc and not isinstance(doc["options"], dict):
-            raise bad_body(f"{doc['options']!r} is not of type 'object'")
-        if "flavor" in doc and not isinstance(doc["flavor"], str):
-            raise bad_body(f"{doc['flavor']!r} is not of type 'string'")
-
-    async def _pool_call(self, change: Awaitable[Any]) -> Any:
-        try:
-            return await change
-        except PoolError as err:
-            if err.kind == "uri":
-                raise bad_body(f"cannot connect to {err.detail}") from None
-            if err.kind == "uri_in_use":
-                raise ZaqarError(409, "Resource conflict", "The database URI is in use by another pool.") from None
-            raise ZaqarError(403, UNABLE_TO_DELETE,
-                             f"This pool is used by flavors {err.detail}; It cannot be deleted.") from None
-
-    @staticmethod
-    def pool_doc(pool: Pool, detailed: bool) -> dict[str, Any]:
-        doc: dict[str, Any] = {"name": pool.name, "uri": pool.uri, "weight": pool.weight, "flavor": pool.flavor,
-                               "href": f"{BASE}/pools/{pool.name}"}
-        if detailed:
-            doc["options"] = pool.options
-        return doc
-
-    async def put_pool(self, call: Call) -> Response:
-        doc = await self.admin_body(call)
-        self.check_pool_fields(doc, True)
-        name = call.match["pool"]
-        await self._pool_call(self.queues.pools.put_pool(name, doc["uri"], doc["weight"], doc.get("options", {}), None))
-        return Response(b"", 201, {"Location": f"{BASE}/pools/{name}"}, media_type="application/json")
-
-    async def get_pool(self, call: Call) -> Response:
-        pool = self.queues.pools.pools.get(call.match["pool"])
-        if pool is None:
-            raise not_found(f"Pool {call.match['pool']} does not exist")
-        return document(call, self.pool_doc(pool, inp.query_bool(call.params, "detailed", False)))
-
-    async def patch_pool(self, call: Call) -> Response:
-        doc = await self.admin_body(call)
-        if not {"uri", "weight", "options"} & set(doc):
-            raise bad_body("One of `uri`, `weight`,or `options` needs to be specified")
-        self.check_pool_fields(doc, False)
-        if not await self._pool_call(self.queues.pools.patch_pool(call.match["pool"], doc)):
-            raise not_found(f"Pool {call.match['pool']} does not exist")
-        return Response(b"", 200, media_type="application/json")
-
-    async def delete_pool(self, call: Call) -> Response:
-        await self._pool_call(self.queues.pools.delete_pool(call.match["pool"]))
-        return no_content()
-
-    def _admin_page(self, call: Call) -> tuple[int, bool, str | None]:
-        limit = inp.query_int(call.params, "limit")
-        return (self.limits.default_page if limit is None else max(limit, 0),
-                inp.query_bool(call.params, "detailed", False), inp.query_str(call.params, "marker"))
-
-    async def list_pools(self, call: Call) -> Response:
-        limit, detailed, marker = self._admin_page(call)
-        found = self.queues.pools.list_pools(marker, limit)
-        return self._admin_list(call, "pools", [self.pool_doc(p, detailed) for p in found],
-                                found[-1].name if found else None)
-
-    def _admin_list(self, call: Call, kind: str, items: list[dict[str, Any]], last: str | None) -> Response:
-        links = []
-        if last is not None:
-            keep = {k: ",".join(v) for k, v in call.params.items() if k != "marker"}
-            links = next_link(f"{BASE}/{kind}", call.params, keep, last)
-        query = call.request.scope.get("query_string", b"").decode("latin-1")
-        location = f"{BASE}/{kind}" + (f"?{query}" if query else "")
-        return document(call, {"links": links, kind: items}, 200, {"Content-Location": location})
-
-    @staticmethod
-    def flavor_doc(flavor: Flavor, detailed: bool) -> dict[str, Any]:
-        doc: dict[str, Any] = {"name": flavor.name, "href": f"{BASE}/flavors/{flavor.name}"}
-        if detailed:
-            doc["capabilities"] = flavor.capabilities
-        return doc
-
-    async def put_flavor(self, call: Call) -> Response:
-        doc = await self.admin_body(call)
-        capabilities = doc.get("capabilities", {})
-        if not isinstance(capabilities, dict):
-            raise bad_body(f"{capabilities!r} is not of type 'object'")
-        pool = doc.get("pool")
-        name = call.match["flavor"]
-        await self.queues.pools.put_flavor(call.project, name, capabilities, pool if isinstance(pool, str) else None)
-        return Response(b"", 201, {"Location": f"{BASE}/flavors/{name}"}, media_type="application/json")
-
-    async def get_flavor(self, call: Call) -> Response:
-        flavor = self.queues.pools.flavors.get((call.project, call.match["flavor"]))
-        if flavor is None:
-            raise not_found(f"Flavor {call.match['flavor']} does not exist")
-        return document(call, self.flavor_doc(flavor, inp.query_bool(call.params, "detailed", False)))
-
-    async def patch_flavor(self, call: Call) -> Response:
-        """Zaqar's own v1.1 PATCH is broken; this is the sane version the spec allows."""
-        doc = await self.admin_body(call)
-        if not isinstance(doc.get("capabilities"), dict):
-            raise bad_body("`capabilities` needs to be specified")
-        flavor = self.queues.pools.flavors.get((call.project, call.match["flavor"]))
-        if flavor is None:
-            raise not_found(f"Flavor {call.match['flavor']} does not exist")
-        await self.queues.pools.put_flavor(call.project, flavor.name, doc["capabilities"], flavor.pool)
-        return Response(b"", 200, media_type="application/json")
-
-    async def delete_flavor(self, call: Call) -> Response:
-        await self.queues.pools.delete_flavor(call.project, call.match["flavor"])
-        return no_content()
-
-    async def list_flavors(self, call: Call) -> Response:
-        limit, detailed, marker = self._admin_page(call)
-        found = self.queues.pools.list_flavors(call.project, marker, limit)
-        return self._admin_list(call, "flavors", [self.flavor_doc(f, detailed) for f in found],
-                                found[-1].name if found else None)
