@@ -332,6 +332,8 @@ class ClaimQueues:
             for m in msgs:
                 queue.place(m)
             queue.wakeup.set()
+        else:  # the queue was deleted while the post committed: so are its messages
+            await self._commit([self._delete(queue.space, [m.seq]) for m in msgs])
         return [m.id for m in msgs]
 
     @timed("list_messages")
