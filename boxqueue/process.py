@@ -16,6 +16,7 @@ import trio
 from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
 from facades.sonya import serve_sonya
+from facades.zaqar import serve_zaqar
 from iproto_server.builtins import register_builtins
 from iproto_server.console import ConsoleServer
 from iproto_server.dispatch import Dispatcher
@@ -32,6 +33,7 @@ from storage.commit import GroupCommitter
 from storage.environment import Storage
 from tubes import box_queue
 from tubes.broadcast import Broadcast
+from tubes.claims import ClaimQueues
 from tubes.engine import QueueEngine
 from tubes.scored import ScoredQueues
 from tubes.task_events import catch_up, task_event_hook
@@ -126,6 +128,7 @@ class Server:
         self.catalog: Catalog | None = None
         self.scored: ScoredQueues | None = None
         self.broadcast: Broadcast | None = None
+        self.claim_queues: ClaimQueues | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -192,7 +195,7 @@ class Server:
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
-                        facades_stop = await self._start_facades(facades)
+                        facades_stop = await self._start_facades(engine_nursery, facades)
                         async with trio.open_nursery() as connections:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
@@ -231,9 +234,20 @@ class Server:
                 log.info("published %d task events a stop had left unpublished", caught_up)
             engine.hooks.append(task_event_hook(broadcast, sonya.task_events))
 
-    async def _start_facades(self, facades: trio.Nursery) -> Callable[[], None]:
-        """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
+    async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> Callable[[], None]:
+        """Start the HTTP facades (Zaqar's claim queues in the engine's nursery); returns what
+        stops them gracefully (answering long-polls)."""
         stopping = trio.Event()
+        zaqar = self.config.zaqar
+        if zaqar is not None:
+            assert self.catalog is not None
+            queues = self.claim_queues = ClaimQueues(self.catalog)
+            await engine_nursery.start(queues.run)
+            self.ports.extra["zaqar"] = await facades.start(
+                lambda task_status: serve_zaqar(
+                    queues, zaqar.listen.host, zaqar.listen.port, stopping, task_status=task_status
+                )
+            )
         broadcast = self.broadcast
         sonya = self.config.sonya
         if sonya is not None and broadcast is not None:
@@ -289,12 +303,3 @@ class Server:
                 allow_flush=deckard.allow_flush,
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)
-        not_yet = [
-            name
-            for name, present in (
-                ("the Zaqar facade ([zaqar])", self.config.zaqar is not None),
-            )
-            if present
-        ]
-        for name in not_yet:
-            log.warning("%s is configured but not served by this version", name)
