@@ -78,6 +78,19 @@ _SONYA = frozenset(
 )
 
 
+# Zaqar's limit options (its [transport] and [storage] names) and their smallest sane values.
+ZAQAR_LIMITS = {
+    "max_messages_post_size": 1,
+    "max_queue_metadata": 1,
+    "max_message_ttl": 60,
+    "max_claim_ttl": 60,
+    "max_claim_grace": 60,
+    "default_message_ttl": 60,
+    "default_claim_ttl": 60,
+    "default_claim_grace": 60,
+}
+
+
 class TomlReader:
     """Checks and converts parsed TOML, failing with the file, line and key of the problem."""
 
@@ -372,8 +385,20 @@ class TomlReader:
         if "zaqar" not in root:
             return None
         path: Key = ("zaqar",)
-        t = self.table(root["zaqar"], path, {"listen"})
-        return ZaqarConfig(listen=self.address(t, path, "listen", DEFAULT_ZAQAR_LISTEN))
+        t = self.table(root["zaqar"], path, {"listen", "default_project", *ZAQAR_LIMITS})
+        project = self.string(t, path, "default_project", None)
+        if project == "" or (project is not None and len(project) > 256):
+            raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
+        limits = tuple(
+            (key, self.integer(t, path, key, None, minimum=minimum))
+            for key, minimum in ZAQAR_LIMITS.items()
+            if key in t
+        )
+        return ZaqarConfig(
+            listen=self.address(t, path, "listen", DEFAULT_ZAQAR_LISTEN),
+            default_project=project,
+            limits=limits,
+        )
 
     def sonya(self, root: dict[str, Any]) -> SonyaConfig | None:
         if "sonya" not in root:

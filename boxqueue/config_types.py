@@ -114,6 +114,9 @@ class DeckardConfig:
 @dataclass(frozen=True)
 class ZaqarConfig:
     listen: Address
+    default_project: str | None = None  # Z4: the project of requests without X-Project-Id
+    # Z3: Zaqar's limits under Zaqar's option names; absent ones keep Zaqar's defaults.
+    limits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

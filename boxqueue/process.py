@@ -17,6 +17,7 @@ from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
 from facades.sonya import serve_sonya
 from facades.zaqar import serve_zaqar
+from facades.zaqar.responses import Limits
 from iproto_server.builtins import register_builtins
 from iproto_server.console import ConsoleServer
 from iproto_server.dispatch import Dispatcher
@@ -245,7 +246,13 @@ class Server:
             await engine_nursery.start(queues.run)
             self.ports.extra["zaqar"] = await facades.start(
                 lambda task_status: serve_zaqar(
-                    queues, zaqar.listen.host, zaqar.listen.port, stopping, task_status=task_status
+                    queues,
+                    zaqar.listen.host,
+                    zaqar.listen.port,
+                    stopping,
+                    limits=Limits.configured(dict(zaqar.limits)),
+                    default_project=zaqar.default_project,
+                    task_status=task_status,
                 )
             )
         broadcast = self.broadcast

@@ -42,6 +42,7 @@ from lupa import luajit21
 from errcodes import ER, BoxError
 from lua_box.operations import Job, Operations
 from lua_box.persisted_functions import PersistedFunctions
+from lua_box.persisted_users import PersistedUsers
 from lua_box.values import LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
@@ -76,7 +77,9 @@ class LuaEngine:
         self._catalog = catalog
         self.procedures = procedures
         self.functions = PersistedFunctions(catalog.storage, catalog.committer)
-        self.operations = Operations(catalog, procedures, stats, self.functions)
+        self.users = PersistedUsers(catalog.storage, catalog.committer)
+        self.users.load_into(catalog.access)  # at start, before anyone can log in
+        self.operations = Operations(catalog, procedures, stats, self.functions, self.users)
         self._lua = luajit21.LuaRuntime(
             encoding=None,
             unpack_returned_tuples=True,

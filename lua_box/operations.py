@@ -16,6 +16,7 @@ from typing import Any
 
 from errcodes import ER, BoxError
 from lua_box.persisted_functions import PersistedFunctions
+from lua_box.persisted_users import PersistedUsers
 from spaces import access as acl
 from spaces import fieldtypes
 from spaces.catalog import Catalog
@@ -115,9 +116,10 @@ class Operations:
     """The operations by name; :meth:`get` is what the driver looks up."""
 
     def __init__(self, catalog: Catalog, procedures: Procedures, stats: Any = None,
-                 functions: PersistedFunctions | None = None) -> None:
+                 functions: PersistedFunctions | None = None, users: PersistedUsers | None = None) -> None:
         self.catalog = catalog
         self.functions = functions
+        self.users = users
         self.procedures = procedures
         self.stats = stats  # request counters (iproto_server.request_stats), shown by box.stat()
         self._table: dict[str, Callable[..., Any]] = {
@@ -248,8 +250,8 @@ class Operations:
 
     # -- users -------------------------------------------------------------------------------
 
-    def user_create(self, job: Job, name: Any = None, opts: Any = None) -> list[Any]:
-        """A user for this run of the server (users are not persisted: the config has them)."""
+    async def user_create(self, job: Job, name: Any = None, opts: Any = None) -> list[Any]:
+        """A user, kept in LMDB (``lua_box/persisted_users.py``) when the server has storage."""
         self._ddl(job)
         o = _opts(opts)
         if not isinstance(name, str) or not name:
@@ -259,10 +261,14 @@ class Operations:
                 return []
             raise BoxError(ER.USER_EXISTS, name)
         password = o.get("password")
-        self.catalog.access.add_user(name, password if isinstance(password, str) else None)
+        password = password if isinstance(password, str) else None
+        if self.users is None:
+            self.catalog.access.add_user(name, password)
+        else:
+            await self.users.create(self.catalog.access, name, password)
         return []
 
-    def user_grant(self, job: Job, name: Any = None, privileges: Any = None, object_type: Any = None,
+    async def user_grant(self, job: Job, name: Any = None, privileges: Any = None, object_type: Any = None,
                    object_name: Any = None, opts: Any = None) -> list[Any]:
         self._ddl(job)
         user = self.catalog.access.users.get(name) if isinstance(name, str) else None
@@ -278,7 +284,11 @@ class Operations:
         otype = object_type if isinstance(object_type, str) else acl.UNIVERSE
         if otype not in (acl.UNIVERSE, acl.SPACE, acl.FUNCTION):
             raise BoxError(ER.ILLEGAL_PARAMS, f"unknown object type '{otype}'")
-        user.grant(bits, otype, object_name if isinstance(object_name, str) else "")
+        oname = object_name if isinstance(object_name, str) else ""
+        if self.users is None:
+            user.grant(bits, otype, oname)
+        else:
+            await self.users.grant(user, bits, otype, oname)
         return []
 
     def user_exists(self, job: Job, name: Any = None) -> list[Any]:

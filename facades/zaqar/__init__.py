@@ -19,8 +19,9 @@ async def serve_zaqar(
     shutdown: trio.Event,
     *,
     limits: Limits | None = None,
+    default_project: str | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API on ``host:port`` until ``shutdown``; started() with the bound port."""
-    app = ZaqarApp(queues, limits)
+    app = ZaqarApp(queues, limits, default_project)
     await serve_asgi(app.asgi, host, port, shutdown, name="Zaqar", task_status=task_status)

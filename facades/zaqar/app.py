@@ -73,9 +73,10 @@ UNAVAILABLE = {
 class ZaqarApp(AdminHandlers):
     """Routes and handlers; ``asgi`` is the Starlette application to serve."""
 
-    def __init__(self, queues: ClaimQueues, limits: Limits | None = None) -> None:
+    def __init__(self, queues: ClaimQueues, limits: Limits | None = None, default_project: str | None = None) -> None:
         self.queues = queues
         self.limits = limits or Limits()
+        self.default_project = default_project
         self.routes: list[tuple[re.Pattern[str], dict[str, Handler], bool]] = []
         self._add(r"/", {"GET": ZaqarApp.versions}, False)
         self._add(r"/v1\.1/", {"GET": ZaqarApp.home}, False)
@@ -137,7 +138,7 @@ class ZaqarApp(AdminHandlers):
                                              "rel": "help"}})
         versioned = path.startswith(BASE + "/")
         client = inp.check_client_id(headers.get("client-id"), versioned)
-        project = inp.check_project(headers.get("x-project-id")) if versioned else ""
+        project = inp.check_project(headers.get("x-project-id", self.default_project)) if versioned else ""
         for pattern, handlers, queue_route in self.routes:
             m = pattern.match(path)
             if m is None:

@@ -3,6 +3,7 @@ v1.1 documents (messages, stats, next links) shared by every handler."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,22 @@ class Limits:
     max_queue_metadata: int = 65_536
     max_page: int = 20
     default_page: int = 10
+
+    @classmethod
+    def configured(cls, options: dict[str, int]) -> Limits:
+        """Zaqar's defaults with the options of the configuration (Zaqar's names) applied."""
+        base = cls()
+        changes: dict[str, object] = {}
+        for name, value in options.items():
+            if name == "max_message_ttl":
+                changes["message_ttl"] = (base.message_ttl[0], value)
+            elif name == "max_claim_ttl":
+                changes["claim_ttl"] = (base.claim_ttl[0], value)
+            elif name == "max_claim_grace":
+                changes["claim_grace"] = (base.claim_grace[0], value)
+            else:
+                changes[name] = value
+        return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 @dataclass

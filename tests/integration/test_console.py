@@ -539,6 +539,37 @@ def test_ddl_and_data_survive_a_restart(tmp_path):
         proc.kill()
 
 
+def test_users_and_grants_made_from_lua_survive_a_restart(tmp_path):
+    proc = ServerProcess(tmp_path / "srv", admin_port=free_port())
+    proc.start()
+    try:
+        c = Console(proc.admin_port)
+        c.run("box.schema.space.create('notes', {format = {{'id', 'unsigned'}}}):create_index('pk')")
+        c.run("box.space.notes:insert{7}")
+        assert c.run("box.schema.user.create('carol', {password = 'pw'})") == EMPTY
+        assert c.run("box.schema.user.grant('carol', 'read', 'space', 'notes')") == EMPTY
+        assert c.run("box.schema.user.grant('carol', 'read', 'space', '_vspace')") == EMPTY
+        assert c.run("box.schema.user.grant('carol', 'read', 'space', '_vindex')") == EMPTY
+        assert c.run("box.schema.user.grant('admin', 'execute', 'function', 'anything')") == EMPTY
+        c.close()
+        proc.kill()  # kill -9: what the console was told is done must come back
+        proc.start()
+        c = Console(proc.admin_port)
+        assert c.run("box.schema.user.exists('carol')") == "---\n- true\n...\n"
+        c.close()
+        conn = tarantool.connect("127.0.0.1", proc.port, user="carol", password="pw")
+        assert conn.select("notes").data == [[7]]
+        with pytest.raises(DatabaseError) as err:
+            conn.insert("notes", [8])  # only read was granted
+        assert err.value.args[0] == 42
+        conn.close()
+        with pytest.raises(DatabaseError) as err:
+            tarantool.connect("127.0.0.1", proc.port, user="carol", password="wrong")
+        assert "Incorrect password supplied for user 'carol'" in str(err.value)
+    finally:
+        proc.kill()
+
+
 def test_sigterm_with_a_console_running_a_loop(tmp_path):
     proc = ServerProcess(tmp_path / "srv", admin_port=free_port(), extra_config="[lua]\ntime_limit_s = 2.0\n")
     proc.start()

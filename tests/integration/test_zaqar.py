@@ -634,3 +634,35 @@ def test_sigterm_under_load_answers_cleanly_and_keeps_acknowledged_posts(tmp_pat
     finally:
         stop.set()
         server.stop()
+
+
+def test_configured_default_project_and_limits(tmp_path):
+    """Z3: Zaqar's limits under its option names; Z4: a default project for requests without
+    X-Project-Id (there is no auth here)."""
+    http_port = free_port()
+    proc = ServerProcess(
+        tmp_path / "srv",
+        extra_config=(
+            f'[zaqar]\nlisten = "127.0.0.1:{http_port}"\ndefault_project = "dflt"\n'
+            "max_message_ttl = 120\nmax_messages_post_size = 300\n"
+        ),
+        read_only=False,
+    )
+    proc.start()
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        with httpx.Client(base_url=base, headers={"Client-ID": CLIENT}, timeout=30) as bare, \
+                httpx.Client(base_url=base, headers={"Client-ID": CLIENT, "X-Project-Id": "dflt"}, timeout=30) as dflt:
+            assert bare.put("/v1.1/queues/jobs").status_code == 201
+            assert [q["name"] for q in dflt.get("/v1.1/queues").json()["queues"]] == ["jobs"]
+            ok = bare.post("/v1.1/queues/jobs/messages", json={"messages": [{"body": 1, "ttl": 120}]})
+            assert ok.status_code == 201, ok.text
+            too_long = bare.post("/v1.1/queues/jobs/messages", json={"messages": [{"body": 1, "ttl": 121}]})
+            assert too_long.status_code == 400
+            assert "120" in too_long.json()["description"]
+            big = bare.post("/v1.1/queues/jobs/messages", json={"messages": [{"body": "x" * 400}]})
+            assert big.status_code == 400, big.text
+            assert "300" in big.json()["description"]
+            error(bare.get("/v1.1/queues", headers={"X-Project-Id": ""}), 400, "Empty project header not allowed")
+    finally:
+        proc.stop()
