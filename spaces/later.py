@@ -30,7 +30,7 @@ def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
 class Later(Generic[T]):
     """One value or one error, later. ``await`` it, or pass a callback to :meth:`then`."""
 
-    __slots__ = ("_settled", "_value", "_error", "_callback", "_maps")
+    __slots__ = ("_settled", "_value", "_error", "_callback", "_maps", "_consumed")
 
     def __init__(self) -> None:
         self._settled = False
@@ -38,6 +38,7 @@ class Later(Generic[T]):
         self._error: BaseException | None = None
         self._callback: Settled | None = None
         self._maps: list[Callable[[Any], Any]] | None = None
+        self._consumed = False
 
     @classmethod
     def done(cls, value: T) -> Later[T]:
@@ -71,8 +72,9 @@ class Later(Generic[T]):
 
     def then(self, callback: Settled) -> None:
         """Run ``callback(value, error)`` once settled: now if it already is."""
-        if self._callback is not None:
+        if self._consumed:
             raise RuntimeError("a Later has one consumer")
+        self._consumed = True
         if self._settled:
             callback(self._value, self._error)
         else:
@@ -82,7 +84,7 @@ class Later(Generic[T]):
         """This Later, turned into one of ``fn(value)``: an error passes through, and so does one
         raised by ``fn``. It changes this object (one consumer, so nobody else holds it) rather
         than making another, which matters on a path taken for every request."""
-        if self._callback is not None:
+        if self._consumed:
             raise RuntimeError("map a Later before consuming it")
         if self._settled:
             if self._error is None:
@@ -97,6 +99,9 @@ class Later(Generic[T]):
         return self  # type: ignore[return-value]
 
     def __await__(self) -> Generator[Any, None, T]:
+        if self._consumed:
+            raise RuntimeError("a Later has one consumer")
+        self._consumed = True
         if not self._settled:
             task = trio.lowlevel.current_task()
             self._callback = lambda _value, _error: trio.lowlevel.reschedule(task)
