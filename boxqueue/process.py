@@ -205,11 +205,12 @@ class Server:
                                     task_status.started(self.ports)
                                     await self._stop.wait()
                                     listening.cancel()
+                            # The HTTP facades drain at the same time as the iproto connections.
+                            facades_stop()
                             iproto.stop_reading()
                             with trio.move_on_after(iproto.grace + 1):
                                 await iproto.wait_closed()
                             connections.cancel_scope.cancel()
-                        facades_stop()
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
