@@ -43,13 +43,10 @@ class PersistedUsers:
         return len(self._records)
 
     async def create(self, access: AccessControl, name: str, password: str | None) -> User:
-        probe = User(0, name)
-        if password is not None:
-            probe.password_hash = chap_sha1_hash(password)
-        record = {"hash": probe.password_hash, "created": True, "grants": []}
-        await self._write(name, record)
+        password_hash = chap_sha1_hash(password) if password is not None else None
+        await self._write(name, {"hash": password_hash, "created": True, "grants": []})
         user = access.add_user(name, None)
-        user.password_hash = probe.password_hash
+        user.password_hash = password_hash
         return user
 
     async def grant(self, user: User, bits: int, object_type: str, object_name: str) -> None:

@@ -48,10 +48,6 @@ class Later(Generic[T]):
         later._value = value
         return later
 
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     def settle(self, value: Any = None, error: BaseException | None = None) -> None:
         if self._settled:
             raise RuntimeError("a Later is settled once")

@@ -302,6 +302,19 @@ def test_flush_can_be_disabled(tmp_path):
         srv.proc.stop()
 
 
+def serve_until_it_exits(srv: DeckardServer) -> subprocess.CompletedProcess[str]:
+    """Run the server in the foreground with its config, for the cases where it must not start."""
+    srv.proc.workdir.mkdir(parents=True)
+    srv.proc.write_config()
+    return subprocess.run(
+        [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(srv.proc.config_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_busy_deckard_port_stops_the_server_with_status_1(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -312,15 +325,7 @@ def test_a_busy_deckard_port_stops_the_server_with_status_1(tmp_path):
         srv.proc.extra_config = srv.proc.extra_config.replace(
             srv.proc.extra_config.split('"')[1], f"127.0.0.1:{port}", 1
         )
-        srv.proc.workdir.mkdir(parents=True)
-        srv.proc.write_config()
-        done = subprocess.run(
-            [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(srv.proc.config_path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = serve_until_it_exits(srv)
     assert done.returncode == 1, done.stderr
     assert "cannot listen" in done.stderr and str(port) in done.stderr
 
@@ -364,15 +369,7 @@ def test_a_space_named_like_deckards_with_another_layout_stops_the_server_cleanl
         '\n[[space]]\nname = "deckard_messages"\nformat = [{ name = "id", type = "unsigned" }]\n'
         'indexes = [{ name = "primary", type = "TREE", unique = true, parts = [{ field = 0, type = "unsigned" }] }]\n'
     )
-    srv.proc.workdir.mkdir(parents=True)
-    srv.proc.write_config()
-    done = subprocess.run(
-        [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(srv.proc.config_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = serve_until_it_exits(srv)
     assert done.returncode == 1, done.stderr
     assert "Space 'deckard_messages' already exists" in done.stderr
     assert "Traceback" not in done.stderr
