@@ -2,10 +2,16 @@
 
 A write is a function of the write transaction. :meth:`GroupCommitter.write` (or :meth:`submit`,
 with a callback) queues it; the committer task takes everything queued, runs it in one transaction
-on the event loop and commits. In ``fsync`` mode the commit, which writes and flushes the pages,
-runs in a worker thread while the event loop keeps serving reads and queueing the next batch, so
-the batch grows with the load and one flush covers many writes. A reply is sent only once the
-commit holding its write has returned.
+on the event loop and commits. A reply is sent only once the commit holding its write has
+returned, and readers see a group only then (:meth:`Storage.committed`).
+
+In ``fsync`` mode the write functions get a :class:`storage.redo.RedoTxn`, which notes every
+change; the group's changes become one record of the write-ahead log (:mod:`storage.wal`). A
+worker thread appends the record, commits LMDB (without flushing it) and flushes the log with one
+``fdatasync``, while the event loop keeps serving reads and queueing the next batch, so the batch
+grows with the load and one flush covers many writes. A background checkpoint (:meth:`checkpoint`)
+switches the log to a new segment, flushes LMDB and deletes the segments LMDB now holds. In
+``write`` and ``none`` modes there is no log and no flush: the commit runs on the event loop.
 
 The transaction is begun on the event loop thread and committed in a worker thread. LMDB's own
 writer lock would forbid that (a mutex must be released by the thread that took it), so the
@@ -28,6 +34,8 @@ import lmdb
 import trio
 
 from storage.environment import Storage, StorageError
+from storage.redo import RedoTxn
+from storage.wal import encode_record
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,8 @@ class _Write:
 
 
 class GroupCommitter:
-    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`)."""
+    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`),
+    which also owns the checkpoints of the write-ahead log."""
 
     def __init__(
         self,
@@ -64,10 +73,16 @@ class GroupCommitter:
         self._max_batch = max_batch
         self._pending: list[_Write] = []
         self._wakeup = trio.Event()
-        self._in_thread = storage.wal_mode == "fsync"
+        self._log = storage.log
+        self._names = storage.names
+        self._log_lock = trio.Lock()  # one of: a group's append, a checkpoint's segment switch
+        self._checkpoint_due = trio.Event()
+        self._checkpointed_lsn = storage.lsn
+        self._broken: StorageError | None = None
         self._closed = False
         self.batches = 0
         self.writes = 0
+        self.checkpoints = 0
 
     async def write(
         self,
@@ -115,7 +130,19 @@ class GroupCommitter:
         self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            if self._log is not None:
+                # What was written before the committer ran (the catalogue's start-up writes)
+                # went to LMDB unlogged: flush it before any logged group depends on it.
+                await trio.to_thread.run_sync(self._storage.sync)
+                nursery.start_soon(self._checkpoints)
+            task_status.started()
+            try:
+                await self._commit_loop()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _commit_loop(self) -> None:
         try:
             while True:
                 if not self._pending:
@@ -145,6 +172,8 @@ class GroupCommitter:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
+            if self._broken is not None:
+                raise self._broken
             txn = self._apply(batch)
             if txn is None:
                 await self._one_by_one(batch)
@@ -169,9 +198,14 @@ class GroupCommitter:
             except Exception:
                 log.exception("write completion callback failed")
 
-    def _apply(self, batch: list[_Write]) -> lmdb.Transaction | None:
-        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+    def _begin(self) -> Any:
+        """A write transaction: a redo-noting one when there is a log."""
         txn = self._storage.env.begin(write=True)
+        return txn if self._log is None else RedoTxn(txn, self._names)
+
+    def _apply(self, batch: list[_Write]) -> Any:
+        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+        txn = self._begin()
         try:
             for item in batch:
                 try:
@@ -179,41 +213,117 @@ class GroupCommitter:
                 except self._rejections as exc:
                     item.error = exc
         except Exception:
-            txn.abort()
+            _abort(txn)
             log.exception("a write failed half-way; retrying the batch one write at a time")
             return None
         return txn
 
-    async def _flush(self, txn: lmdb.Transaction) -> None:
-        """Commit; in fsync mode the commit (page writes and flushes) runs in a worker thread, which
-        takes the GIL once at the end instead of competing for it on every call."""
-        try:
-            if self._in_thread:
-                await trio.to_thread.run_sync(txn.commit)
-            else:
+    async def _flush(self, txn: Any) -> None:
+        """Make ``txn`` durable as the mode says. With a log: append its record, commit LMDB
+        without flushing it and flush the log, in a worker thread (which takes the GIL once at the
+        end instead of competing for it on every call). Without: commit on the event loop."""
+        if type(txn) is not RedoTxn:
+            try:
                 txn.commit()
+            except lmdb.Error as exc:
+                raise StorageError(f"commit failed: {exc}") from exc
+            return
+        raw = txn.txn
+        if not txn.ops:  # nothing changed: nothing to log, and what was read is durable already
+            try:
+                raw.commit()
+            except lmdb.Error as exc:
+                raise StorageError(f"commit failed: {exc}") from exc
+            return
+        lsn = self._storage.lsn + 1
+        self._storage.note_lsn(raw, lsn)
+        record = encode_record(lsn, txn.encode())
+        async with self._log_lock:
+            await trio.to_thread.run_sync(self._append_and_commit, raw, record)
+        self._storage.lsn = lsn
+        if self._log.size >= self._storage.checkpoint_bytes:
+            self._checkpoint_due.set()
+
+    def _append_and_commit(self, raw: lmdb.Transaction, record: bytes) -> None:
+        """In a worker thread: the log record is written before LMDB is committed, and flushed
+        after; a group that fails to commit takes its record back out of the log."""
+        wal = self._log
+        start = wal.size
+        try:
+            wal.append(record)
+        except OSError as exc:
+            raw.abort()
+            raise StorageError(f"cannot write the write-ahead log: {exc}") from exc
+        try:
+            raw.commit()
         except lmdb.Error as exc:
+            try:
+                wal.cut_back(start)
+            except OSError as cut:
+                self._broken = StorageError(f"cannot take a failed group out of the write-ahead log: {cut}")
             raise StorageError(f"commit failed: {exc}") from exc
+        try:
+            wal.sync()
+        except OSError as exc:
+            # Whether the record reached the disk is unknown, and LMDB already holds the group:
+            # no later write may be acknowledged on top of that (as PostgreSQL, stop writing).
+            self._broken = StorageError(f"the write-ahead log could not be flushed ({exc}); restart the server")
+            raise self._broken from exc
 
     async def _one_by_one(self, batch: list[_Write]) -> None:
-        env = self._storage.env
         for item in batch:
             item.result = item.error = None
-            txn = env.begin(write=True)
+            txn = self._begin()
             try:
                 item.result = item.fn(txn)
             except self._rejections as exc:
                 item.error = exc
-                txn.abort()
+                _abort(txn)
                 continue
             except Exception as exc:
                 item.error = _as_storage_error(exc)
-                txn.abort()
+                _abort(txn)
                 continue
             try:
                 await self._flush(txn)
             except StorageError as exc:
                 item.error = exc
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def _checkpoints(self) -> None:
+        interval = self._storage.checkpoint_interval_s
+        while True:
+            with trio.move_on_after(interval):
+                await self._checkpoint_due.wait()
+            self._checkpoint_due = trio.Event()
+            if self._storage.lsn > self._checkpointed_lsn:
+                try:
+                    await self.checkpoint()
+                except (OSError, lmdb.Error):
+                    log.exception("checkpoint failed; the write-ahead log is kept and it will be tried again")
+
+    async def checkpoint(self) -> None:
+        """Switch the log to a new segment, flush LMDB, delete the segments it made redundant.
+
+        Groups go on committing meanwhile (LMDB's flush covers at least every group committed
+        before the switch); only the switch itself waits for the group being appended.
+        """
+        wal = self._log
+        if wal is None:
+            return
+        async with self._log_lock:
+            target = self._storage.lsn
+            await trio.to_thread.run_sync(wal.rotate, target + 1)
+        await trio.to_thread.run_sync(self._storage.sync)
+        async with self._log_lock:
+            await trio.to_thread.run_sync(wal.discard_through, target)
+        self._checkpointed_lsn = target
+        self.checkpoints += 1
+
+
+def _abort(txn: Any) -> None:
+    (txn.txn if type(txn) is RedoTxn else txn).abort()
 
 
 def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
