@@ -15,8 +15,9 @@ Durability follows ``wal.mode``:
 Whatever the mode, a log left by an earlier run is replayed when the environment opens, LMDB is
 flushed and the log deleted; closing flushes LMDB too.
 
-Reads on the event loop share one read transaction that is replaced after each commit
-(:meth:`Storage.reader`), so a read costs no transaction set-up.
+Reads on the event loop share one read transaction that is replaced when a group is answered
+(:meth:`Storage.reader`, :meth:`Storage.committed`), so a read costs no transaction set-up and
+sees no group before it is durable.
 
 LMDB runs without its lock file (``lock=False``): the group committer begins a transaction on the
 event loop and commits it in a worker thread, which LMDB's writer mutex does not allow. What the
@@ -70,8 +71,8 @@ class Storage:
         wal_mode: str = "fsync",
         map_size: int = 1 << 40,
         max_dbs: int = 4096,
-        checkpoint_interval_s: float = 10.0,
-        checkpoint_bytes: int = 64 << 20,
+        checkpoint_interval_s: float = 5.0,
+        checkpoint_bytes: int = 16 << 20,
     ) -> None:
         if wal_mode not in WAL_MODES:
             raise ValueError(f"wal mode must be one of {', '.join(WAL_MODES)}")
@@ -105,8 +106,7 @@ class Storage:
         self._dbs: dict[bytes, Any] = {}
         self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
         self._reader: lmdb.Transaction | None = None
-        self._reader_generation = -1
-        self.generation = 0  # bumped by every commit; readers renew when it moves
+        self.generation = 0  # bumped by every commit
         self.log: WriteAheadLog | None = None
         try:
             self._wal_db = self.db(_WAL_DB)
@@ -204,16 +204,15 @@ class Storage:
         txn = self._reader
         if txn is None:
             txn = self._reader = self.env.begin(buffers=False)
-            self._reader_generation = self.generation
-        elif self._reader_generation != self.generation:
-            txn.abort()
-            txn = self._reader = self.env.begin(buffers=False)
-            self._reader_generation = self.generation
         return txn
 
     def committed(self) -> None:
-        """Note that a commit happened, so the next :meth:`reader` sees it."""
+        """Note that a commit happened: the shared reader moves to the newest snapshot now, not
+        at its next use, by when a later group may be in LMDB but not yet durable."""
         self.generation += 1
+        if self._reader is not None:
+            self._reader.abort()
+            self._reader = self.env.begin(buffers=False)
 
     # -- life --------------------------------------------------------------------------------
 

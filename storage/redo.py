@@ -88,7 +88,10 @@ class RedoTxn:
         append: bool = False,
         db: Any = None,
     ) -> bool:
-        name = self._name(db)
+        try:  # inlined _name: this is every write's path
+            name = self._names[db]
+        except KeyError:
+            name = self._name(db)
         if self.txn.put(key, value, dupdata, overwrite, append, db):
             self.ops.append((PUT, name, key, value))
             return True
@@ -101,7 +104,10 @@ class RedoTxn:
         return old
 
     def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
-        name = self._name(db)
+        try:
+            name = self._names[db]
+        except KeyError:
+            name = self._name(db)
         if self.txn.delete(key, value, db):
             self.ops.append((DELETE, name, key))
             return True
