@@ -143,7 +143,7 @@ class AccessControl:
         if name in self.users:
             user = self.users[name]
         else:
-            uid = max([FIRST_USER_ID - 1, *self.by_id]) + 1
+            uid = max(FIRST_USER_ID - 1, max(self.by_id, default=0)) + 1
             user = User(uid, name)
             self._add(user)
         if password is not None:
