@@ -2,7 +2,9 @@
 
 The hot path (framing, dispatch, keys, tuples, group commit) is compiled from the same ``.py``
 files the interpreter runs: Cython's pure-Python mode, as ``msgpack`` and ``aiohttp`` ship their
-speed. ``make install`` builds one extension module beside each source listed here; Python then
+speed. Where a module's classes are used by other compiled modules, a ``.pxd`` beside the ``.py``
+declares their C attributes and methods (Cython's "augmenting .pxd"), so those modules reach them
+directly. ``make install`` builds one extension module beside each source listed here; Python then
 imports the extension (it is found before the ``.py``).
 
 ``BOXQUEUE_PURE=1`` in the environment makes every boxqueue process (and the test suite) import
@@ -87,7 +89,9 @@ def stale_extensions() -> list[str]:
     stale = []
     for module in COMPILED_MODULES:
         source = source_path(module)
+        declarations = source.with_suffix(".pxd")
+        newest = max(p.stat().st_mtime for p in (source, declarations) if p.exists())
         built = sorted(source.parent.glob(source.stem + ".*.so"))
-        if not built or built[-1].stat().st_mtime < source.stat().st_mtime:
+        if not built or built[-1].stat().st_mtime < newest:
             stale.append(module)
     return stale

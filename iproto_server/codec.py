@@ -144,24 +144,6 @@ class Request:
     readable; for a typed request it is rebuilt from the fields. ``tuple_raw`` is TUPLE as sent.
     """
 
-    type = cython.declare(cython.ulonglong, visibility="public")
-    sync = cython.declare(cython.ulonglong, visibility="public")
-    schema_version = cython.declare(cython.ulonglong, visibility="public")
-    stream_id = cython.declare(cython.ulonglong, visibility="public")
-    tuple_raw = cython.declare(object, visibility="public")
-    typed = cython.declare(cython.bint, visibility="public")
-    space_id = cython.declare(cython.longlong, visibility="public")
-    index_id = cython.declare(cython.longlong, visibility="public")
-    limit = cython.declare(cython.longlong, visibility="public")
-    offset = cython.declare(cython.longlong, visibility="public")
-    iterator = cython.declare(cython.longlong, visibility="public")
-    index_base = cython.declare(cython.longlong, visibility="public")
-    key = cython.declare(object, visibility="public")
-    tuple = cython.declare(object, visibility="public")
-    ops = cython.declare(object, visibility="public")
-    function_name = cython.declare(object, visibility="public")
-    expr = cython.declare(object, visibility="public")
-    _body = cython.declare(object)
 
     def __init__(
         self,
@@ -195,6 +177,7 @@ def _init_header(r: Request, rtype: cython.ulonglong, sync: cython.ulonglong, sc
     r.stream_id = stream
     r.tuple_raw = None
     r.typed = False
+    r.present = 0
     r.space_id = r.index_id = r.limit = r.offset = r.iterator = r.index_base = ABSENT
     r.key = r.tuple = r.ops = r.function_name = r.expr = None
     r._body = None
@@ -218,8 +201,6 @@ def _body_of(r: Request) -> dict[int, Any]:
 class BadRequest:
     """A request that could be framed but not decoded: answer ``error`` under ``sync``."""
 
-    sync = cython.declare(cython.ulonglong, visibility="public")
-    error = cython.declare(object, visibility="public")
 
     def __init__(self, sync: int, error: BoxError) -> None:
         self.sync = sync
@@ -366,13 +347,6 @@ class RequestDecoder:
     and then only once all of that packet is there.
     """
 
-    max_packet = cython.declare(cython.Py_ssize_t, visibility="public")
-    _buf = cython.declare(bytes)
-    _pos = cython.declare(cython.Py_ssize_t)
-    _more = cython.declare(list)
-    _more_len = cython.declare(cython.Py_ssize_t)
-    _p = cython.declare(cython.Py_ssize_t)  # the fast decoder's cursor
-    _end = cython.declare(cython.Py_ssize_t)  # the end of the packet being decoded
 
     def __init__(self, max_packet: int = 16 * 1024 * 1024) -> None:
         self.max_packet = max_packet
@@ -380,6 +354,8 @@ class RequestDecoder:
         self._pos = 0
         self._more = []
         self._more_len = 0
+        self._p = 0
+        self._end = 0
 
     @property
     def buffered(self) -> int:
@@ -526,6 +502,8 @@ class RequestDecoder:
             key = buf[p]
             b = buf[p + 1]
             p += 1
+            if key < 64:
+                request.present |= cython.cast(cython.ulonglong, 1) << key
             if key >= _K_SPACE_ID and key <= _K_INDEX_BASE:
                 if b <= 0x7F:
                     value = b
@@ -769,6 +747,32 @@ def write_response(out: bytearray, sync: cython.ulonglong, schema_version: cytho
         out[at + 14 + i] = (sync >> (56 - 8 * i)) & 0xFF
 
 
+@cython.ccall
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_tuples_response(out: bytearray, sync: cython.ulonglong, schema_version: cython.ulonglong,
+                          tuples: list) -> cython.void:
+    """Append the answer ``{DATA: [tuples...]}`` (tuples already msgpack, array32 as Tarantool)
+    without building the body first."""
+    at: cython.Py_ssize_t = len(out)
+    n: cython.Py_ssize_t = len(tuples)
+    length: cython.ulonglong = _HEAD_LEN + 7
+    i: cython.int
+    t: bytes
+    for t in tuples:
+        length += len(t)
+    out += _HEAD
+    out += _TUPLES_HEAD
+    for t in tuples:
+        out += t
+    for i in range(4):
+        out[at + 1 + i] = (length >> (24 - 8 * i)) & 0xFF
+        out[at + 24 + i] = (schema_version >> (24 - 8 * i)) & 0xFF
+        out[at + 31 + i] = (n >> (24 - 8 * i)) & 0xFF
+    for i in range(8):
+        out[at + 14 + i] = (sync >> (56 - 8 * i)) & 0xFF
+
+
 def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> bytes:
     """A whole response packet: ``0xCE`` length, the header map, then ``body`` (msgpack bytes)."""
     out = bytearray()
@@ -778,6 +782,7 @@ def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> byte
 
 EMPTY_BODY = b"\x80"
 EMPTY_TUPLES_BODY = b"\x81\x30\xdd\x00\x00\x00\x00"
+_TUPLES_HEAD = b"\x81\x30\xdd\x00\x00\x00\x00"  # the count is written in place
 _ONE_TUPLE = b"\x81\x30\xdd\x00\x00\x00\x01"
 _U32 = struct.Struct(">I")
 
@@ -831,4 +836,5 @@ __all__ = [
     "id_body",
     "response",
     "write_response",
+    "write_tuples_response",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from iproto_server import codec
-from iproto_server.dispatch import PENDING, Dispatcher
+from iproto_server.dispatch import Dispatcher
 from iproto_server.session import Session
 from iproto_server.socket_io import DirectSocket
 
@@ -92,12 +92,9 @@ class Connection:
         receive = self.io.receive
         checkpoint = trio.lowlevel.checkpoint
         decoder = self.decoder
-        next_event = decoder.next_event
-        dispatcher = self.dispatcher
-        handle = dispatcher.handle
+        handle_all = self.dispatcher.handle_all
         session = self.session
         reply_later = self._reply_later
-        request_type = codec.Request
         while True:
             await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
@@ -108,23 +105,19 @@ class Connection:
                 return True
             decoder.feed(data)
             while True:
-                try:
-                    event = next_event()
-                except codec.FramingError as exc:
-                    self._out += dispatcher.error(0, exc.error)
+                pending, tasks, framing_error = handle_all(
+                    session, decoder, self._out, reply_later, self.max_inflight - self.inflight
+                )
+                self.inflight += pending
+                if tasks is not None:
+                    for task in tasks:
+                        nursery.start_soon(self._run, task)
+                if framing_error is not None:
+                    self._out += self.dispatcher.error(0, framing_error.error)
                     self._output_ready.set()
                     return False
-                if event is None:
-                    break
-                if type(event) is not request_type:
-                    self._out += dispatcher.error(event.sync, event.error)
-                    continue
-                result = handle(session, event, self._out, reply_later)
-                if result is None:
-                    continue
-                self.inflight += 1
-                if result is not PENDING:
-                    nursery.start_soon(self._run, result)
+                if self.inflight < self.max_inflight:
+                    break  # the decoder holds no more complete requests
                 while self.inflight >= self.max_inflight:
                     self._output_ready.set()  # let the sender answer what is ready meanwhile
                     self._slot_freed = trio.Event()

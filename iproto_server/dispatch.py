@@ -22,7 +22,14 @@ import cython
 
 from errcodes import ER, BoxError
 from iproto_server import codec
-from iproto_server.codec import ABSENT, Request, data_body_from_tuples, write_response
+from iproto_server.codec import (
+    ABSENT,
+    BadRequest,
+    Request,
+    RequestDecoder,
+    write_response,
+    write_tuples_response,
+)
 from iproto_server.codec import EMPTY_BODY as _EMPTY_BODY
 from iproto_server.request_stats import RequestStats
 from iproto_server.session import Session
@@ -159,33 +166,40 @@ _ARRAY_KEYS = frozenset({codec.KEY, codec.TUPLE, codec.OPS})
 
 
 @cython.cfunc
-def _check_required(request: Request, required: tuple) -> None:
+def _required_mask(required: tuple) -> cython.ulonglong:
+    mask: cython.ulonglong = 0
+    for key, _name in required:
+        mask |= cython.cast(cython.ulonglong, 1) << key
+    return mask
+
+
+# The same, as bit masks of body keys (a typed request says which keys it held in ``present``).
+_REQUIRED_MASKS = cython.declare(tuple, tuple([_required_mask(r) for r in _REQUIRED]))
+
+
+@cython.cfunc
+def _check_required(request: Request, rtype: cython.ulonglong) -> cython.void:
     """Tarantool's decoding of a DML body (``xrow_decode_dml``): first every body key it knows
     must hold a value of its type ("packet body"), then the required keys must be there."""
-    if not request.typed:  # a typed request holds well-typed values only
-        for key, value in request.body.items():
-            if key in _UINT_KEYS:
-                if type(value) is not int or value < 0:
-                    raise BoxError(ER.INVALID_MSGPACK, "packet body")
-            elif key in _ARRAY_KEYS and type(value) is not list:
+    need: cython.ulonglong = _REQUIRED_MASKS[rtype]
+    if need == 0:
+        return
+    if request.typed:  # a typed request holds well-typed values only
+        if need & request.present == need:
+            return
+        for key, name in _REQUIRED[rtype]:
+            if not request.present & (cython.cast(cython.ulonglong, 1) << key):
+                raise BoxError(ER.MISSING_REQUEST_FIELD, name)
+        return
+    body = request.body
+    for key, value in body.items():
+        if key in _UINT_KEYS:
+            if type(value) is not int or value < 0:
                 raise BoxError(ER.INVALID_MSGPACK, "packet body")
-    key: cython.int
-    for key, name in required:
-        if request.typed:
-            if key == K_SPACE_ID:
-                missing = request.space_id == C_ABSENT
-            elif key == K_LIMIT:
-                missing = request.limit == C_ABSENT
-            elif key == K_KEY:
-                missing = request.key is None
-            elif key == K_TUPLE:
-                missing = request.tuple is None
-            else:
-                missing = request.ops is None
-        else:
-            body = request.body
-            missing = body.get(key) is None and not (key == K_SPACE_ID and codec.SPACE_NAME in body)
-        if missing:
+        elif key in _ARRAY_KEYS and type(value) is not list:
+            raise BoxError(ER.INVALID_MSGPACK, "packet body")
+    for key, name in _REQUIRED[rtype]:
+        if body.get(key) is None and not (key == K_SPACE_ID and codec.SPACE_NAME in body):
             raise BoxError(ER.MISSING_REQUEST_FIELD, name)
 
 
@@ -193,10 +207,6 @@ def _check_required(request: Request, required: tuple) -> None:
 class _WriteReply:
     """Answers one write from its commit's completion callback (no closure per write)."""
 
-    dispatcher = cython.declare(object)
-    sync = cython.declare(cython.ulonglong)
-    reply = cython.declare(object)
-    returns_tuple = cython.declare(cython.bint)
 
     def __call__(self, result: object, error: object) -> None:
         catalog = self.dispatcher.catalog
@@ -213,13 +223,6 @@ class _WriteReply:
 class Dispatcher:
     """Turns requests into responses, checking schema version, access and read-only ports."""
 
-    catalog = cython.declare(object, visibility="public")
-    stats = cython.declare(object, visibility="public")
-    access = cython.declare(object, visibility="public")
-    procedures = cython.declare(object, visibility="public")
-    eval_handler = cython.declare(object, visibility="public")
-    _by_type = cython.declare(list)
-    _spaces = cython.declare(dict)
 
     def __init__(
         self,
@@ -251,12 +254,15 @@ class Dispatcher:
                 self._by_type[rtype] += 1
             if request.schema_version and request.schema_version != version:
                 raise BoxError(ER.WRONG_SCHEMA_VERSION, version, request.schema_version)
-            if rtype <= T_UPSERT and _REQUIRED[rtype]:
-                _check_required(request, _REQUIRED[rtype])
+            if rtype <= T_UPSERT:
+                _check_required(request, rtype)
             if rtype == T_PING:
                 result = _EMPTY_BODY
             elif rtype == T_SELECT:
                 result = self._select(session, request)
+                if type(result) is list:
+                    write_tuples_response(out, sync, version, result)
+                    return None
             elif rtype == T_CALL or rtype == T_CALL_16:
                 result = self._procedure_call(session, request, rtype == T_CALL_16, sync, reply)
             elif rtype == T_REPLACE or rtype == T_INSERT:
@@ -290,11 +296,43 @@ class Dispatcher:
             return None
         return result  # PENDING or a coroutine
 
+    def handle_all(self, session: Session, decoder: RequestDecoder, out: bytearray, reply: Reply,
+                   room: cython.Py_ssize_t) -> tuple:
+        """Handle the requests ``decoder`` holds, as :meth:`handle` does, until it has no more or
+        ``room`` of them are left pending. Returns how many are pending, the coroutines (or None)
+        the connection must run as tasks, and the :class:`codec.FramingError` that ended the
+        stream (or None): the requests before it are answered all the same."""
+        pending: cython.Py_ssize_t = 0
+        tasks: list = None
+        event: object
+        bad: BadRequest
+        while pending < room:
+            try:
+                event = decoder.next_event()
+            except codec.FramingError as exc:
+                return pending, tasks, exc
+            if event is None:
+                break
+            if type(event) is BadRequest:
+                bad = event
+                write_response(out, bad.sync, self.catalog.schema_version, codec.error_body(bad.error),
+                               codec.ERROR_FLAG | bad.error.code)
+                continue
+            result = self.handle(session, event, out, reply)
+            if result is None:
+                continue
+            pending += 1
+            if result is not PENDING:
+                if tasks is None:
+                    tasks = []
+                tasks.append(result)
+        return pending, tasks, None
+
     def error(self, sync: int, error: BoxError) -> bytes:
         return codec.error_response(sync, self.catalog.schema_version, error)
 
     @cython.cfunc
-    def _reply_later(self, sync: cython.ulonglong, later: Later, reply: Reply) -> None:
+    def _reply_later(self, sync: cython.ulonglong, later: Later, reply: Reply) -> cython.void:
         def settled(body: bytes | None, error: BaseException | None) -> None:
             version = self.catalog.schema_version
             if error is None:
@@ -382,8 +420,9 @@ class Dispatcher:
         return codec.EMPTY_BODY
 
     @cython.cfunc
-    def _select(self, session: Session, request: Request) -> bytes:
-        space: object = None
+    def _select(self, session: Session, request: Request) -> object:
+        """The tuples found (a list), or a whole body (bytes) from the general path."""
+        space: Space = None
         if request.typed and request.space_id != C_ABSENT and request.limit != C_ABSENT:
             space = self._spaces.get(request.space_id)
         if space is None:
@@ -392,13 +431,13 @@ class Dispatcher:
         user = session.user
         if user.universe & _READ == 0 and not user.privileges_on(acl.SPACE, space.name) & _READ:
             self.access.check(user, acl.READ, acl.SPACE, space.name)
-        return data_body_from_tuples(space.select(
+        return space.select(
             0 if request.index_id == C_ABSENT else request.index_id,
             0 if request.iterator == C_ABSENT else request.iterator,
             _NO_KEY if request.key is None else request.key,
             0 if request.offset == C_ABSENT else request.offset,
             request.limit,
-        ))
+        )
 
     @cython.cfunc
     def _select_checked(self, session: Session, body: dict) -> bytes:
@@ -418,7 +457,7 @@ class Dispatcher:
         return codec.data_body_from_tuples(tuples)
 
     @cython.cfunc
-    def _put(self, session: Session, request: Request, mode: str, sync: cython.ulonglong, reply: Reply) -> None:
+    def _put(self, session: Session, request: Request, mode: str, sync: cython.ulonglong, reply: Reply) -> cython.void:
         space = self._writable(session, request)
         if request.typed:
             if request.tuple is None:
@@ -429,12 +468,12 @@ class Dispatcher:
         self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, reply, True)
 
     @cython.cfunc
-    def _ops(self, space: Space, body: dict, key: int) -> list:
+    def _ops(self, space: Space, body: dict, key: cython.int) -> list:
         index_base = _uint(body, codec.INDEX_BASE, "index base")
         return parse_ops(_array(body, key, "tuple", required=True), index_base, space.field_names)
 
     @cython.cfunc
-    def _update(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> None:
+    def _update(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         iid = self._index_id(space, body)
@@ -442,7 +481,7 @@ class Dispatcher:
         self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, reply, True)
 
     @cython.cfunc
-    def _delete(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> None:
+    def _delete(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         iid = self._index_id(space, body)
@@ -450,7 +489,7 @@ class Dispatcher:
         self._submit(space.prepare_delete(iid, key), sync, reply, True)
 
     @cython.cfunc
-    def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> None:
+    def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         fields = _array(body, codec.TUPLE, "tuple", required=True)

@@ -70,20 +70,6 @@ _FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
 class Index:
     """One index of a space: key extraction, key checks and scans."""
 
-    defn = cython.declare(object, visibility="public")
-    space = cython.declare(object, visibility="public")
-    iid = cython.declare(object, visibility="public")
-    name = cython.declare(object, visibility="public")
-    is_hash = cython.declare(cython.bint, visibility="public")
-    unique = cython.declare(cython.bint, visibility="public")
-    parts = cython.declare(object, visibility="public")
-    fieldnos = cython.declare(tuple, visibility="public")
-    _last_field = cython.declare(cython.Py_ssize_t)
-    part_count = cython.declare(cython.Py_ssize_t, visibility="public")
-    has_nullable = cython.declare(cython.bint, visibility="public")
-    _accepts = cython.declare(tuple)
-    fast_key = cython.declare(object, visibility="public")
-    db = cython.declare(object, visibility="public")
 
     def __init__(self, defn: IndexDef, space: Space) -> None:
         self.defn = defn
@@ -200,18 +186,6 @@ class IndexLookup:
 class Space:
     """Tuples of one user space, with their indexes."""
 
-    storage = cython.declare(object, visibility="public")
-    committer = cython.declare(object, visibility="public")
-    indexes = cython.declare(dict, visibility="public")
-    index_by_name = cython.declare(dict, visibility="public")
-    dropped = cython.declare(cython.bint, visibility="public")
-    defn = cython.declare(object, visibility="public")
-    id = cython.declare(object, visibility="public")
-    name = cython.declare(object, visibility="public")
-    field_names = cython.declare(dict, visibility="public")
-    primary = cython.declare(Index, visibility="public")
-    secondaries = cython.declare(list, visibility="public")
-    _checks = cython.declare(list)
 
     def __init__(
         self,

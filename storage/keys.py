@@ -108,7 +108,7 @@ def _encode_str(value: str) -> bytes:
 
 _C_SIGN = cython.declare(cython.ulonglong, 1 << 63)
 _MASK52 = cython.declare(cython.ulonglong, (1 << 52) - 1)
-_UINT_KEY = struct.Struct(">BQB")  # the number tag, the sortable double, an empty remainder
+_UINT_KEY_TEMPLATE = b"\x20" + bytes(8) + b"\x00"  # the number tag, the sortable double, no remainder
 
 
 @cython.cfunc
@@ -142,7 +142,12 @@ def _double_bits(v: cython.ulonglong) -> cython.ulonglong:
 
 @cython.cfunc
 def _computed_uint_key(v: cython.ulonglong) -> bytes:
-    return _UINT_KEY.pack(TAG_NUMBER, _double_bits(v) | _C_SIGN, 0)
+    bits: cython.ulonglong = _double_bits(v) | _C_SIGN
+    out: bytearray = bytearray(_UINT_KEY_TEMPLATE)
+    i: cython.int
+    for i in range(8):
+        out[1 + i] = (bits >> (56 - 8 * i)) & 0xFF
+    return bytes(out)
 
 
 # Priorities, counters and small ids recur in most keys.
