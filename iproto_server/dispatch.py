@@ -37,7 +37,7 @@ from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import Raw
-from spaces.procedures import Procedures
+from spaces.procedures import ProcedureEntry, Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
 from spaces.update import parse_ops
@@ -515,7 +515,7 @@ class Dispatcher:
             if type(name) is not str:
                 raise BoxError(ER.INVALID_MSGPACK, "packet body")
             args = _array(body, codec.TUPLE, "tuple")
-        entry = self.procedures.resolve(name)
+        entry: ProcedureEntry = self.procedures.resolve(name)
         if entry is None:
             raise BoxError(ER.NO_SUCH_PROC, name)
         user = session.user
