@@ -6,18 +6,41 @@ accepting and gives the open requests ``graceful_s`` to finish before cancelling
 makes its long-lived requests finish first (the Sonya facade ends its listeners), so a graceful
 stop answers them instead of cutting them off. A busy port raises OSError at start, like the
 iproto listener.
+
+A facade may also *take over* connections: with ``takeover``, connections are accepted here, the
+head of each one's first request is read and parsed (h11), and ``takeover(request)`` may return a
+handler that gets the raw socket and the h11 connection (the request's bytes already in it) and
+serves that connection itself, below the ASGI layer. Every other connection goes to hypercorn's
+own connection server (``hypercorn.trio.tcp_server.TCPServer``, as ``hypercorn.trio.serve`` runs
+it) with the bytes read so far replayed in front of the stream, so it sees exactly what the client
+sent. The Sonya facade takes over WebSocket listeners this way: a fan-out then writes each
+listener's frame straight to its socket instead of through ASGI, hypercorn and wsproto per frame.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import wrap_app
 
 log = logging.getLogger(__name__)
+
+# A connection taken over: the socket (non-blocking, owned by the handler from now on) and the
+# h11 connection that has parsed the request (its trailing bytes included).
+Handler = Callable[[socket.socket, h11.Connection, h11.Request], Awaitable[None]]
+Takeover = Callable[[h11.Request], Handler | None]
+
+READ_CHUNK = 65536
 
 
 def hypercorn_config(host: str, port: int, graceful_s: float) -> HypercornConfig:
@@ -39,10 +62,14 @@ async def serve_asgi(
     *,
     name: str = "HTTP",
     graceful_s: float = 5.0,
+    takeover: Takeover | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port."""
     config = hypercorn_config(host, port, graceful_s)
+    if takeover is not None:
+        await _FrontDoor(app, config, takeover).serve(shutdown, name, task_status)
+        return
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
@@ -50,3 +77,101 @@ async def serve_asgi(
         bound = int(binds[0].rsplit(":", 1)[1])
         log.info("%s listening on %s:%d", name, host, bound)
         task_status.started(bound)
+
+
+class _FrontDoor:
+    """Accepts connections, hands listeners' to the facade and the rest to hypercorn."""
+
+    def __init__(self, app: Any, config: HypercornConfig, takeover: Takeover) -> None:
+        self.config = config
+        self.takeover = takeover
+        self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
+        self.context = WorkerContext(None)
+
+    async def serve(self, shutdown: trio.Event, name: str, task_status: trio.TaskStatus[int]) -> None:
+        sockets = self.config.create_sockets().insecure_sockets  # binds: OSError if busy
+        for sock in sockets:
+            sock.listen(self.config.backlog)
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+        bound = sockets[0].getsockname()[1]
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(self._accept, listener, connections)
+                log.info("%s listening on %s:%d", name, sockets[0].getsockname()[0], bound)
+                task_status.started(bound)
+                await shutdown.wait()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            await self.context.terminated.set()  # hypercorn's connections finish and close
+            connections.cancel_scope.deadline = trio.current_time() + self.config.graceful_timeout
+
+    async def _accept(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        await trio.serve_listeners(self._connection, [listener], handler_nursery=connections)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._dispatch(stream)
+        except Exception:  # one connection's failure must not stop the server
+            log.exception("connection failed")
+            await trio.aclose_forcefully(stream)
+
+    async def _dispatch(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        received = bytearray()
+        event: Any = h11.NEED_DATA
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            while event is h11.NEED_DATA:
+                try:
+                    chunk = await stream.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    chunk = b""
+                received += chunk
+                try:
+                    conn.receive_data(bytes(chunk))  # b"" is the end of the stream
+                    event = conn.next_event()
+                except h11.RemoteProtocolError:
+                    event = None  # not a request we parse: hypercorn answers it its own way
+        if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+            await trio.aclose_forcefully(stream)  # silent for too long, or gone
+            return
+        handler = self.takeover(event) if isinstance(event, h11.Request) else None
+        if handler is None:
+            await TCPServer(self.app, self.config, self.context, ConnectionState({}), _Replay(stream, bytes(received)))
+            return
+        sock = socket.socket(fileno=stream.socket.detach())
+        sock.setblocking(False)
+        try:
+            await handler(sock, conn, event)
+        finally:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+
+
+class _Replay(trio.abc.HalfCloseableStream):
+    """A socket stream whose first reads return bytes already taken from it."""
+
+    def __init__(self, stream: trio.SocketStream, head: bytes) -> None:
+        self.stream = stream
+        self.socket = stream.socket  # hypercorn reads the peer and local addresses from it
+        self._head = head
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._head:
+            head, self._head = self._head, b""
+            await trio.lowlevel.checkpoint()
+            return head
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -48,11 +48,11 @@ def _messages(items: list[Message]) -> Response:
     return Response("[" + ",".join(m.json for m in items) + "]", 200, media_type="application/json")
 
 
-def _denied(exc: Denied) -> Response:
+def denied_response(exc: Denied) -> Response:
     return JSONResponse({"error": exc.message}, exc.status)
 
 
-def _not_found() -> Response:
+def not_found_response() -> Response:
     return PlainTextResponse("Queue Not Found", 404)
 
 
@@ -100,7 +100,7 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             await self.broadcast.create(request.path_params["queue"])
         except Exception:
@@ -112,7 +112,7 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             existed = await self.broadcast.close(request.path_params["queue"])
         except Exception:
@@ -124,7 +124,7 @@ class SonyaApi:
         try:
             self.tokens.check_service(bearer(request.headers, request.query_params))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             existed = await self.broadcast.delete(request.path_params["queue"], request.path_params["id"])
         except Exception:
@@ -138,7 +138,7 @@ class SonyaApi:
             check_content_type(request.headers.get("content-type"))
             body = parse_send(await _read_body(request))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         except BadInput as exc:
             return PlainTextResponse(exc.text, exc.status)
         try:
@@ -154,7 +154,7 @@ class SonyaApi:
         try:
             self.tokens.check_service(bearer(request.headers, request.query_params))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         token, expiration = self.tokens.mint(request.path_params["queue"], request.path_params["id"])
         return _json({"token": token, "expiration": expiration})
 
@@ -170,10 +170,10 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         got = self._subscribe(request)
         if got is None:
-            return _not_found()
+            return not_found_response()
         preload, sub = got
         with sub:
             if preload:
@@ -194,11 +194,11 @@ class SonyaApi:
         try:
             self._authorize(ws)
         except Denied as exc:
-            await ws.send_denial_response(_denied(exc))
+            await ws.send_denial_response(denied_response(exc))
             return
         got = self._subscribe(ws)
         if got is None:
-            await ws.send_denial_response(_not_found())
+            await ws.send_denial_response(not_found_response())
             return
         preload, sub = got
         with sub:
@@ -220,9 +220,9 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         if request.path_params["queue"] not in self.broadcast.queues:
-            return _not_found()
+            return not_found_response()
         if request.method != "GET":
             return PlainTextResponse("Method Not Allowed", 405, headers={"Allow": "GET"})
         return PlainTextResponse("WebSocket upgrade expected", 400)
