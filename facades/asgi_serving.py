@@ -9,8 +9,8 @@ iproto listener.
 
 A facade may also *take over* connections: with ``takeover``, connections are accepted here, the
 head of each one's first request is read and parsed (h11), and ``takeover(request)`` may return a
-handler that gets the raw socket and the h11 connection (the request's bytes already in it) and
-serves that connection itself, below the ASGI layer. Every other connection goes to hypercorn's
+handler that gets the raw socket and the bytes read and serves that connection itself, below the
+ASGI layer (it may give the connection back to hypercorn later, see ``Handler``). Every other connection goes to hypercorn's
 own connection server (``hypercorn.trio.tcp_server.TCPServer``, as ``hypercorn.trio.serve`` runs
 it) with the bytes read so far replayed in front of the stream, so it sees exactly what the client
 sent. The Sonya facade takes over WebSocket listeners this way: a fan-out then writes each
@@ -35,11 +35,16 @@ from hypercorn.utils import wrap_app
 
 log = logging.getLogger(__name__)
 
-# A connection taken over: the socket (non-blocking, owned by the handler from now on) and the
-# h11 connection that has parsed the request (its trailing bytes included).
-Handler = Callable[[socket.socket, h11.Connection, h11.Request], Awaitable[None]]
+# A connection taken over: the raw socket (non-blocking; the handler's until it returns), its first
+# request as h11 parsed it, that request's head bytes and the bytes received after them. The
+# handler returns None when it is done with the connection (it is then closed), or bytes to
+# replay to hypercorn, which serves the rest of the connection (a request the handler does not
+# serve, and whatever followed it).
+Handler = Callable[[socket.socket, h11.Request, bytes, bytes], Awaitable[bytes | None]]
 Takeover = Callable[[h11.Request], Handler | None]
 
+HEAD_END = b"\r\n\r\n"
+MAX_HEAD = 16384  # h11's own limit for an incomplete head; longer heads go to hypercorn
 READ_CHUNK = 65536
 
 
@@ -118,35 +123,65 @@ class _FrontDoor:
             await trio.aclose_forcefully(stream)
 
     async def _dispatch(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
         received = bytearray()
-        event: Any = h11.NEED_DATA
         with trio.move_on_after(self.config.keep_alive_timeout):
-            while event is h11.NEED_DATA:
+            while HEAD_END not in received and len(received) <= MAX_HEAD:
                 try:
                     chunk = await stream.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     chunk = b""
+                if not chunk:
+                    break
                 received += chunk
-                try:
-                    conn.receive_data(bytes(chunk))  # b"" is the end of the stream
-                    event = conn.next_event()
-                except h11.RemoteProtocolError:
-                    event = None  # not a request we parse: hypercorn answers it its own way
-        if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+        if HEAD_END not in received and (not received or not chunk or len(received) <= MAX_HEAD):
             await trio.aclose_forcefully(stream)  # silent for too long, or gone
             return
-        handler = self.takeover(event) if isinstance(event, h11.Request) else None
-        if handler is None:
-            await TCPServer(self.app, self.config, self.context, ConnectionState({}), _Replay(stream, bytes(received)))
+        parsed = parse_head(bytes(received))
+        handler = self.takeover(parsed[0]) if parsed is not None else None
+        if parsed is None or handler is None:  # hypercorn answers what we do not parse its own way
+            await self._hypercorn(stream, bytes(received))
             return
+        request, head_length = parsed
         sock = socket.socket(fileno=stream.socket.detach())
         sock.setblocking(False)
+        handed_back: bytes | None = None
         try:
-            await handler(sock, conn, event)
+            handed_back = await handler(sock, request, bytes(received[:head_length]), bytes(received[head_length:]))
         finally:
-            trio.lowlevel.notify_closing(sock)
-            sock.close()
+            if handed_back is None:
+                trio.lowlevel.notify_closing(sock)
+                sock.close()
+        if handed_back is not None:
+            await self._hypercorn(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), handed_back)
+
+    async def _hypercorn(self, stream: trio.SocketStream, received: bytes) -> None:
+        """Serve the connection with hypercorn, replaying what was read from it already."""
+        await TCPServer(self.app, self.config, self.context, ConnectionState({}), _Replay(stream, received))
+
+
+def parse_head(data: bytes) -> tuple[h11.Request, int] | None:
+    """The request whose head (ending in CRLF CRLF) starts ``data``, and the head's length; None if
+    there is no complete head there or h11 refuses it."""
+    end = data.find(HEAD_END)
+    if end < 0:
+        return None
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(data[: end + len(HEAD_END)])
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
+    return (event, end + len(HEAD_END)) if isinstance(event, h11.Request) else None
+
+
+def responder(head: bytes) -> h11.Connection:
+    """An h11 server connection that has read the request ``head`` (a GET without a body): what
+    writes the response, framed for that request (keep-alive, HTTP/1.0, upgrade)."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(head)
+    while conn.next_event() not in (h11.NEED_DATA, h11.PAUSED) and conn.their_state is not h11.DONE:
+        pass
+    return conn
 
 
 class _Replay(trio.abc.HalfCloseableStream):

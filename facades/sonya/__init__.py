@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import h11
 import trio
 
-from facades.asgi_serving import serve_asgi
+from facades.asgi_serving import Handler, serve_asgi
 from facades.sonya.app import SonyaApi
+from facades.sonya.longpolls import LongPolls
 from facades.sonya.socket_listeners import WebSocketListeners
 from facades.sonya.tokens import Tokens
 from tubes.broadcast import Broadcast
@@ -27,4 +29,9 @@ async def serve_sonya(
     tokens = Tokens(service_token, jwt_ttl_s)
     app = SonyaApi(broadcast, tokens, longpoll_max_wait_s).app()
     sockets = WebSocketListeners(broadcast, tokens)
-    await serve_asgi(app, host, port, shutdown, name="Sonya", takeover=sockets.takeover, task_status=task_status)
+    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown)
+
+    def takeover(request: h11.Request) -> Handler | None:
+        return sockets.takeover(request) or polls.takeover(request)
+
+    await serve_asgi(app, host, port, shutdown, name="Sonya", takeover=takeover, task_status=task_status)

@@ -44,7 +44,7 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status, media_type="application/json")
 
 
-def _messages(items: list[Message]) -> Response:
+def messages_response(items: list[Message]) -> Response:
     return Response("[" + ",".join(m.json for m in items) + "]", 200, media_type="application/json")
 
 
@@ -177,7 +177,7 @@ class SonyaApi:
         preload, sub = got
         with sub:
             if preload:
-                return _messages(preload)
+                return messages_response(preload)
             received: list[Message] = []
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
@@ -186,7 +186,7 @@ class SonyaApi:
                     if item is not None:
                         received.append(item)
                 nursery.cancel_scope.cancel()
-        return _messages(received)
+        return messages_response(received)
 
     async def websocket(self, ws: WebSocket) -> None:
         """Preload then live messages, one text frame each; closed 1000 when the queue or id goes

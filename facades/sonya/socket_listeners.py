@@ -40,10 +40,11 @@ from wsproto.connection import Connection, ConnectionState
 from wsproto.events import CloseConnection, Ping
 from wsproto.utilities import generate_accept_token, split_comma_header
 
-from facades.asgi_serving import Handler
+from facades.asgi_serving import Handler, responder
 from facades.sonya.app import CLOSE_CODES, denied_response, not_found_response
 from facades.sonya.frames import FrameEncoder, Variant, accept_extensions
 from facades.sonya.inputs import parse_sequence
+from facades.sonya.socket_io import SEND_TIMEOUT_S, http_response, send_all
 from facades.sonya.tokens import Denied, Tokens, bearer
 from tubes.broadcast import OVERFLOW, Broadcast
 from tubes.sequences import Message
@@ -51,8 +52,6 @@ from tubes.sequences import Message
 log = logging.getLogger(__name__)
 
 LISTEN_PATH = re.compile(r"/queue/listen/ws/([^/]+)(?:/([^/]+))?")
-# A socket whose client stops reading holds its frames this long before it is dropped.
-SEND_TIMEOUT_S = 30.0
 # After our close frame, how long the client has to answer with its own.
 CLOSE_TIMEOUT_S = 5.0
 READ_CHUNK = 65536
@@ -264,12 +263,13 @@ class WebSocketListeners:
         return partial(self.serve, match.group(1), match.group(2), query.decode("latin-1"))
 
     async def serve(self, queue: str, key: str | None, query_string: str, sock: socket.socket,
-                    conn: h11.Connection, request: h11.Request) -> None:
+                    request: h11.Request, head: bytes, rest: bytes) -> None:
+        conn = responder(head)
         headers = Headers(raw=list(request.headers))
         version = headers.get("sec-websocket-version")
         ws_key = headers.get("sec-websocket-key")
         if request.http_version != b"1.1" or ws_key is None or version != "13":
-            await _refuse(sock, conn, Response(b"", 400))  # as hypercorn: before the app
+            await send_all(sock, http_response(conn, Response(b"", 400), close=True))  # as hypercorn: before the app
             return
         query = QueryParams(query_string)
         token = bearer(headers, query)
@@ -279,10 +279,10 @@ class WebSocketListeners:
             else:
                 self.tokens.check_key(token, queue, key)
         except Denied as exc:
-            await _refuse(sock, conn, denied_response(exc))
+            await send_all(sock, http_response(conn, denied_response(exc), close=True))
             return
         if queue not in self.broadcast.queues:
-            await _refuse(sock, conn, not_found_response())
+            await send_all(sock, http_response(conn, not_found_response(), close=True))
             return
         offers = [offer for value in headers.getlist("sec-websocket-extensions") for offer in split_comma_header(value.encode())]
         accepted, extensions, variant = accept_extensions(offers)
@@ -298,23 +298,5 @@ class WebSocketListeners:
         assert got is not None, "the queue was checked without an await since"
         preload, sub = got
         with sub:
-            trailing, _closed = conn.trailing_data
-            listener.start(response, Connection(ConnectionType.SERVER, extensions, bytes(trailing)), preload)
+            listener.start(response, Connection(ConnectionType.SERVER, extensions, rest), preload)
             await listener.run()
-
-
-async def _refuse(sock: socket.socket, conn: h11.Connection, answer: Response) -> None:
-    """Answer the handshake with a plain HTTP response and close the connection."""
-    headers = [*answer.raw_headers, (b"connection", b"close")]
-    data = conn.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
-    data += conn.send(h11.Data(data=answer.body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
-    view = memoryview(data)
-    with trio.move_on_after(SEND_TIMEOUT_S):
-        while view:
-            try:
-                view = view[sock.send(view):]
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(sock)
-            except OSError:
-                return

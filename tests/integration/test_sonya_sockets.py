@@ -280,3 +280,110 @@ def test_a_server_close_waits_for_the_clients_close_frame(sonya):
             ws.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
         assert closed.value.sent is not None and closed.value.sent.code == 1000  # a clean handshake
+
+
+# -- long-polls on connections of their own ------------------------------------------------------
+
+
+class RawHttp:
+    """A kept-alive HTTP/1.1 connection on a plain socket: requests and parsed answers."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            assert chunk, "closed before an answer"
+            self.buffer += chunk
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        length = int(headers["content-length"])
+        while len(self.buffer) < length:
+            self.buffer += self.sock.recv(65536)
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def closed_by_server(self, timeout: float) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_longpolls_pipelined_then_other_calls_on_the_same_connection(sonya):
+    q = fresh_queue(sonya)
+    sonya.send_ok(q, "k", "one")
+    sonya.send_ok(q, "k", "two")
+    conn = RawHttp(sonya.http_port)
+    try:
+        conn.send(  # two polls in one write: answered in order
+            f"GET /queue/listen/longpoll/{q}/k?sequence=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"GET /queue/listen/longpoll/{q}/k?sequence=last HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        status, headers, body = conn.answer()
+        assert (status, headers["content-type"]) == (200, "application/json") and "date" in headers
+        assert [m["payload"] for m in json.loads(body)] == ["one", "two"]
+        status, _, body = conn.answer()
+        assert (status, [m["sequence"] for m in json.loads(body)]) == (200, [2])
+        conn.send(f"GET /queue/listen/longpoll/nosuch{q} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert conn.answer()[:3:2] == (404, b"Queue Not Found")
+        # Another call on the same connection goes to hypercorn, then polls still work there.
+        payload = json.dumps({"id": "k", "payload": "three"}).encode()
+        conn.send(
+            f"POST /queue/send/{q} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
+        status, _, body = conn.answer()
+        assert (status, json.loads(body)) == (200, {"success": True, "sequence_id": 3})
+        conn.send(f"GET /queue/listen/longpoll/{q}/k?sequence=3 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert json.loads(conn.answer()[2])[0]["payload"] == "three"
+    finally:
+        conn.close()
+
+
+def test_a_waiting_longpoll_gets_the_next_message_and_http_1_0_is_closed_after(sonya):
+    q = fresh_queue(sonya)
+    conn = RawHttp(sonya.http_port)
+    try:
+        conn.send(f"GET /queue/listen/longpoll/{q} HTTP/1.0\r\n\r\n".encode())
+        time.sleep(0.5)
+        sonya.send_ok(q, "z", {"live": True})
+        status, _, body = conn.answer()
+        assert (status, json.loads(body)) == (200, [{"id": "z", "sequence": 1, "payload": {"live": True}}])
+        assert conn.closed_by_server(10)
+    finally:
+        conn.close()
+
+
+async def test_a_longpoll_whose_client_leaves_lets_go_and_stop_closes_idle_connections(tmp_path, nursery):
+    server, port = await start_server(tmp_path, nursery, "longpoll_max_wait_s = 0")
+    broadcast = server.broadcast
+    await broadcast.create("q")
+    await broadcast.send("q", "k", '"stored"')
+    leaving = await trio.open_tcp_stream("127.0.0.1", port)
+    await leaving.send_all(b"GET /queue/listen/longpoll/q/k HTTP/1.1\r\nHost: x\r\n\r\n")
+    with trio.fail_after(10):
+        while broadcast.listener_count() != 1:
+            await trio.sleep(0.01)
+    await leaving.aclose()
+    with trio.fail_after(10):
+        while broadcast.listener_count():
+            await trio.sleep(0.01)
+    idle = await trio.open_tcp_stream("127.0.0.1", port)
+    await idle.send_all(b"GET /queue/listen/longpoll/q/k?sequence=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = await idle.receive_some(65536)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'"payload":"stored"}]')
+    server.stop()
+    with trio.fail_after(4):  # the graceful limit is 5 s: an idle poll connection closes at once
+        while await idle.receive_some(65536):
+            pass

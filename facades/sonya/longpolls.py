@@ -1,0 +1,186 @@
+"""Sonya's long-polls on connections of their own, below the ASGI layer.
+
+A connection whose first request is ``GET /queue/listen/longpoll/{queue}[/{id}]`` (no body) is
+taken over from hypercorn (``facades.asgi_serving``) and its requests are answered here for as
+long as they are long-polls: the same checks, statuses, bodies and wait rules as the Starlette
+endpoint (``SonyaApi.longpoll``), each answer written with one ``send``. The first request that is
+something else is handed back to hypercorn with everything after it, so a client may mix polls
+and other calls on one kept-alive connection. A poll costs a parsed head, a subscription, one
+task wake-up and one write, instead of a trip through hypercorn, Starlette and the ASGI calls.
+
+Each connection has a reader task (it keeps what the client sends, and ends a waiting poll when
+the client goes away) and one that stops an idle connection when the server stops; both live in
+the connection's nursery.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+from urllib.parse import unquote
+
+import h11
+import trio
+from starlette.datastructures import Headers, QueryParams
+from starlette.responses import Response
+
+from facades.asgi_serving import HEAD_END, Handler
+from facades.sonya.app import denied_response, messages_response, not_found_response
+from facades.sonya.inputs import parse_sequence
+from facades.sonya.socket_io import http_response, send_all
+from facades.sonya.tokens import Denied, Tokens, bearer
+from tubes.broadcast import Broadcast
+
+LONGPOLL_PATH = re.compile(r"/queue/listen/longpoll/([^/]+)(?:/([^/]+))?")
+READ_CHUNK = 65536
+MAX_BUFFERED = 65536  # what a client may send ahead of its answers before we stop reading
+IDLE_S = 75.0  # as hypercorn's keep-alive timeout
+
+Route = tuple[str, str | None, str]  # queue, id, query string
+
+
+class _Connection:
+    """The client's side of one taken-over connection: what it sent that is not handled yet."""
+
+    def __init__(self, sock: socket.socket, buffered: bytes) -> None:
+        self.sock = sock
+        self.buffer = bytearray(buffered)
+        self.eof = False
+        self.stopping = False
+        self.waiting: trio.CancelScope | None = None  # a poll waiting for a message, or idleness
+        self._arrived = trio.lowlevel.ParkingLot()
+
+    async def read(self) -> None:
+        while not self.eof and len(self.buffer) < MAX_BUFFERED:
+            await trio.lowlevel.wait_readable(self.sock)
+            try:
+                data = self.sock.recv(READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if data:
+                self.buffer += data
+            else:
+                self.eof = True
+                if self.waiting is not None:
+                    self.waiting.cancel()
+            self._arrived.unpark_all()
+
+    async def stop_when(self, shutdown: trio.Event) -> None:
+        await shutdown.wait()
+        self.stopping = True
+        if self.waiting is not None:
+            self.waiting.cancel()  # a waiting poll answers [] (if its end has not already), an idle connection closes
+        self._arrived.unpark_all()
+
+    async def wait_for_head(self) -> bool:
+        """Wait (up to ``IDLE_S``) until a whole request head is buffered; False if the client
+        left, went quiet, sent too much, or the server is stopping."""
+        with trio.move_on_after(IDLE_S) as self.waiting:
+            while HEAD_END not in self.buffer:
+                if self.eof or self.stopping or len(self.buffer) >= MAX_BUFFERED:
+                    break
+                await self._arrived.park()
+        self.waiting = None
+        return HEAD_END in self.buffer
+
+
+class LongPolls:
+    """Decides which connections start with a long-poll, and serves their long-polls."""
+
+    def __init__(self, broadcast: Broadcast, tokens: Tokens, longpoll_max_wait_s: float, shutdown: trio.Event) -> None:
+        self.broadcast = broadcast
+        self.tokens = tokens
+        self.max_wait = longpoll_max_wait_s if longpoll_max_wait_s > 0 else math.inf
+        self.shutdown = shutdown
+
+    def takeover(self, request: h11.Request) -> Handler | None:
+        return self.serve if _route(request) is not None else None
+
+    async def serve(self, sock: socket.socket, request: h11.Request, head: bytes, rest: bytes) -> bytes | None:
+        conn = _Connection(sock, rest)
+        http = h11.Connection(h11.SERVER)  # one parser for the connection's requests, as hypercorn's
+        http.receive_data(head)
+        http.next_event()  # the request the front door parsed already
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.read)
+            nursery.start_soon(conn.stop_when, self.shutdown)
+            try:
+                while True:
+                    route = _route(request)
+                    if route is None:  # not a long-poll: hypercorn serves it and what follows
+                        return head + bytes(conn.buffer)
+                    if not await self._answer(conn, http, route, request) or conn.stopping:
+                        return None
+                    if http.our_state is not h11.DONE or http.their_state is not h11.DONE:
+                        return None  # the answer ends the connection (HTTP/1.0, Connection: close)
+                    http.start_next_cycle()
+                    if not await conn.wait_for_head():
+                        if conn.buffer and not conn.eof and not conn.stopping:
+                            return bytes(conn.buffer)  # more than a head we parse: hypercorn's
+                        return None
+                    end = conn.buffer.index(HEAD_END) + len(HEAD_END)
+                    head = bytes(conn.buffer[:end])
+                    del conn.buffer[:end]
+                    try:
+                        http.receive_data(head)
+                        event = http.next_event()
+                    except h11.RemoteProtocolError:
+                        event = None
+                    if not isinstance(event, h11.Request):
+                        return head + bytes(conn.buffer)  # hypercorn answers it its own way
+                    request = event
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _answer(self, conn: _Connection, http: h11.Connection, route: Route, request: h11.Request) -> bool:
+        """Answer one long-poll; False if the connection is to be closed."""
+        queue, key, query_string = route
+        headers = Headers(raw=list(request.headers))
+        query = QueryParams(query_string)
+        answer: Response
+        try:
+            token = bearer(headers, query)
+            if key is None:
+                self.tokens.check_service(token)
+            else:
+                self.tokens.check_key(token, queue, key)
+        except Denied as exc:
+            answer = denied_response(exc)
+        else:
+            got = self.broadcast.subscribe(queue, key, parse_sequence(query.getlist("sequence")))
+            if got is None:
+                answer = not_found_response()
+            else:
+                preload, sub = got
+                with sub:
+                    if not preload:
+                        with trio.move_on_after(self.max_wait) as conn.waiting:
+                            item = await sub.next()
+                            if item is not None:
+                                preload = [item]
+                        conn.waiting = None
+                        if conn.eof:
+                            return False  # the client left while it waited
+                    answer = messages_response(preload)
+        http.next_event()  # the request's end (a GET without a body)
+        return await send_all(conn.sock, http_response(http, answer))
+
+
+def _route(request: h11.Request) -> Route | None:
+    """(queue, id, query) of a long-poll GET without a body; None for anything else."""
+    if request.method != b"GET":
+        return None
+    for name, _value in request.headers:
+        if name in (b"content-length", b"transfer-encoding", b"upgrade"):
+            return None
+    raw_path, _, query = request.target.partition(b"?")
+    try:
+        match = LONGPOLL_PATH.fullmatch(unquote(raw_path.decode("ascii")))
+    except UnicodeDecodeError:
+        return None
+    if match is None:
+        return None
+    return match.group(1), match.group(2), query.decode("latin-1")

@@ -1,0 +1,44 @@
+"""Writing HTTP answers on a raw non-blocking socket, for the connections the Sonya facade serves
+itself (``socket_listeners``, ``longpolls``): the same Starlette ``Response`` objects the ASGI
+endpoints return, framed by h11 for the request they answer."""
+
+from __future__ import annotations
+
+import socket
+import time
+from wsgiref.handlers import format_date_time
+
+import h11
+import trio
+from starlette.responses import Response
+
+# A socket whose client stops reading holds its bytes this long before it is dropped.
+SEND_TIMEOUT_S = 30.0
+
+
+def http_response(conn: h11.Connection, answer: Response, close: bool = False) -> bytes:
+    """``answer`` as bytes for the request ``conn`` has read (with a Date header, as hypercorn
+    sends; ``close`` adds ``Connection: close``)."""
+    headers = [*answer.raw_headers, (b"date", format_date_time(time.time()).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
+    data += conn.send(h11.Data(data=answer.body)) or b""
+    return data + (conn.send(h11.EndOfMessage()) or b"")
+
+
+async def send_all(sock: socket.socket, data: bytes) -> bool:
+    """Write ``data``, waiting while the socket is full; False if the connection broke or took
+    nothing for ``SEND_TIMEOUT_S``."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            with trio.move_on_after(SEND_TIMEOUT_S) as timer:
+                await trio.lowlevel.wait_writable(sock)
+            if timer.cancelled_caught:
+                return False
+        except OSError:
+            return False
+    return True
