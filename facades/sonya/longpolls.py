@@ -3,7 +3,9 @@
 A connection whose first request is ``GET /queue/listen/longpoll/{queue}[/{id}]`` (no body) is
 taken over from hypercorn (``facades.asgi_serving``) and its requests are answered here for as
 long as they are long-polls: the same checks, statuses, bodies and wait rules as the Starlette
-endpoint (``SonyaApi.longpoll``), each answer written with one ``send``. The first request that is
+endpoint (``SonyaApi.longpoll``), each answer written with one ``send``. Heads are parsed (and
+checked) by h11; answers are framed here, as h11 frames them, because h11's state machine cost
+more than the rest of a poll. The first request that is
 something else is handed back to hypercorn with everything after it, so a client may mix polls
 and other calls on one kept-alive connection. A poll costs a parsed head, a subscription, one
 task wake-up and one write, instead of a trip through hypercorn, Starlette and the ASGI calls.
@@ -25,10 +27,10 @@ import trio
 from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
 
-from facades.asgi_serving import HEAD_END, Handler
+from facades.asgi_serving import HEAD_END, Handler, parse_head
 from facades.sonya.app import denied_response, messages_response, not_found_response
 from facades.sonya.inputs import parse_sequence
-from facades.sonya.socket_io import http_response, send_all
+from facades.sonya.socket_io import fast_response, keep_alive, send_all
 from facades.sonya.tokens import Denied, Tokens, bearer
 from tubes.broadcast import Broadcast
 
@@ -101,9 +103,6 @@ class LongPolls:
 
     async def serve(self, sock: socket.socket, request: h11.Request, head: bytes, rest: bytes) -> bytes | None:
         conn = _Connection(sock, rest)
-        http = h11.Connection(h11.SERVER)  # one parser for the connection's requests, as hypercorn's
-        http.receive_data(head)
-        http.next_event()  # the request the front door parsed already
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.read)
             nursery.start_soon(conn.stop_when, self.shutdown)
@@ -112,30 +111,23 @@ class LongPolls:
                     route = _route(request)
                     if route is None:  # not a long-poll: hypercorn serves it and what follows
                         return head + bytes(conn.buffer)
-                    if not await self._answer(conn, http, route, request) or conn.stopping:
+                    keep = keep_alive(request)
+                    if not await self._answer(conn, route, request, keep) or not keep or conn.stopping:
                         return None
-                    if http.our_state is not h11.DONE or http.their_state is not h11.DONE:
-                        return None  # the answer ends the connection (HTTP/1.0, Connection: close)
-                    http.start_next_cycle()
                     if not await conn.wait_for_head():
                         if conn.buffer and not conn.eof and not conn.stopping:
                             return bytes(conn.buffer)  # more than a head we parse: hypercorn's
                         return None
-                    end = conn.buffer.index(HEAD_END) + len(HEAD_END)
-                    head = bytes(conn.buffer[:end])
-                    del conn.buffer[:end]
-                    try:
-                        http.receive_data(head)
-                        event = http.next_event()
-                    except h11.RemoteProtocolError:
-                        event = None
-                    if not isinstance(event, h11.Request):
-                        return head + bytes(conn.buffer)  # hypercorn answers it its own way
-                    request = event
+                    parsed = parse_head(bytes(conn.buffer))
+                    if parsed is None:
+                        return bytes(conn.buffer)  # hypercorn answers it its own way
+                    request, length = parsed
+                    head = bytes(conn.buffer[:length])
+                    del conn.buffer[:length]
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _answer(self, conn: _Connection, http: h11.Connection, route: Route, request: h11.Request) -> bool:
+    async def _answer(self, conn: _Connection, route: Route, request: h11.Request, keep: bool) -> bool:
         """Answer one long-poll; False if the connection is to be closed."""
         queue, key, query_string = route
         headers = Headers(raw=list(request.headers))
@@ -165,8 +157,7 @@ class LongPolls:
                         if conn.eof:
                             return False  # the client left while it waited
                     answer = messages_response(preload)
-        http.next_event()  # the request's end (a GET without a body)
-        return await send_all(conn.sock, http_response(http, answer))
+        return await send_all(conn.sock, fast_response(answer, keep))
 
 
 def _route(request: h11.Request) -> Route | None:

@@ -27,6 +27,27 @@ def http_response(conn: h11.Connection, answer: Response, close: bool = False) -
     return data + (conn.send(h11.EndOfMessage()) or b"")
 
 
+def keep_alive(request: h11.Request) -> bool:
+    """Whether the connection stays open after answering ``request`` (h11's rule: HTTP/1.1 and
+    no ``close`` in ``Connection``)."""
+    if request.http_version < b"1.1":
+        return False
+    return not any(name == b"connection" and b"close" in value.lower() for name, value in request.headers)
+
+
+def fast_response(answer: Response, keep: bool) -> bytes:
+    """``answer`` as bytes, as :func:`http_response` frames it for a GET without a body, without
+    an h11 state machine (a long-poll answer's cost is mostly this otherwise)."""
+    lines = [b"HTTP/1.1 %d \r\n" % answer.status_code]
+    lines += [name + b": " + value + b"\r\n" for name, value in answer.raw_headers]
+    lines.append(b"date: " + format_date_time(time.time()).encode() + b"\r\n")
+    if not keep:
+        lines.append(b"Connection: close\r\n")  # as h11 writes it
+    lines.append(b"\r\n")
+    lines.append(answer.body)
+    return b"".join(lines)
+
+
 async def send_all(sock: socket.socket, data: bytes) -> bool:
     """Write ``data``, waiting while the socket is full; False if the connection broke or took
     nothing for ``SEND_TIMEOUT_S``."""

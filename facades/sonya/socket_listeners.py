@@ -284,9 +284,9 @@ class WebSocketListeners:
         if queue not in self.broadcast.queues:
             await send_all(sock, http_response(conn, not_found_response(), close=True))
             return
-        offers = [offer for value in headers.getlist("sec-websocket-extensions") for offer in split_comma_header(value.encode())]
+        offers = [offer for value in headers.getlist("sec-websocket-extensions") for offer in split_comma_header(value.encode("latin-1"))]
         accepted, extensions, variant = accept_extensions(offers)
-        response_headers = [(b"sec-websocket-accept", generate_accept_token(ws_key.encode()))]
+        response_headers = [(b"sec-websocket-accept", generate_accept_token(ws_key.encode("latin-1")))]
         if accepted is not None:
             response_headers.append((b"sec-websocket-extensions", accepted))
         response_headers += [(b"upgrade", b"WebSocket"), (b"connection", b"Upgrade")]
