@@ -176,7 +176,7 @@ def test_deflate_is_negotiated_without_server_context_takeover_and_pings_are_ans
     with sonya.ws(q) as ws:
         offered = ws.response.headers["Sec-WebSocket-Extensions"]
         assert offered.startswith("permessage-deflate") and "server_no_context_takeover" in offered
-        for i in range(3):  # the same text three times: each frame compressed on its own
+        for _ in range(3):  # the same text three times: each frame compressed on its own
             sonya.send_ok(q, "k", {"same": "text " * 50})
         assert [m["sequence"] for m in ws_messages(ws, 3)] == [1, 2, 3]
         assert ws.ping(b"are you there").wait(10)
