@@ -40,6 +40,7 @@ CLOSED = "closed"  # its queue was closed
 DELETED = "deleted"  # its key's history was deleted (by-id listeners)
 OVERFLOW = "overflow"  # it fell more than its buffer behind
 SHUTDOWN = "shutdown"  # the server is stopping
+FAILED = "failed"  # its sink failed (a bug): it is ended rather than the fan-out to the others
 
 Start = int | str | None  # a sequence, "first", "last", or None for live messages only
 
@@ -76,7 +77,13 @@ class Subscription:
         if self.ended is not None:
             return
         if self._sink is not None:
-            if self._sink.deliver(item) > self.capacity:
+            try:
+                held = self._sink.deliver(item)
+            except Exception:
+                log.exception("a listener's sink failed; ending that listener")
+                self.end(FAILED)
+                return
+            if held > self.capacity:
                 self.end(OVERFLOW)
             return
         if len(self._items) >= self.capacity:

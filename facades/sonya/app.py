@@ -27,13 +27,13 @@ from facades.sonya.inputs import (
     parse_sequence,
 )
 from facades.sonya.tokens import Denied, Tokens, bearer
-from tubes.broadcast import CLOSED, DELETED, OVERFLOW, SHUTDOWN, Broadcast, Subscription
+from tubes.broadcast import CLOSED, DELETED, FAILED, OVERFLOW, SHUTDOWN, Broadcast, Subscription
 from tubes.sequences import Message
 
 log = logging.getLogger(__name__)
 
 # WebSocket close codes by the reason a listener ended (S7).
-CLOSE_CODES = {CLOSED: 1000, DELETED: 1000, OVERFLOW: 1008, SHUTDOWN: 1001}
+CLOSE_CODES = {CLOSED: 1000, DELETED: 1000, OVERFLOW: 1008, SHUTDOWN: 1001, FAILED: 1011}
 # A socket whose client stops reading holds a send this long before it is dropped.
 SEND_TIMEOUT_S = 30.0
 # How much of an oversized body is read and dropped before the 413 is sent.
