@@ -88,11 +88,7 @@ class SonyaApi:
 
     def _authorize(self, conn: Request | WebSocket) -> None:
         token = bearer(conn.headers, conn.query_params)
-        key = conn.path_params.get("id")
-        if key is None:
-            self.tokens.check_service(token)
-        else:
-            self.tokens.check_key(token, conn.path_params["queue"], key)
+        self.tokens.check_listen(token, conn.path_params["queue"], conn.path_params.get("id"))
 
     # -- management --------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import re
 import socket
-from urllib.parse import unquote
 
 import h11
 import trio
@@ -30,16 +29,21 @@ from starlette.responses import Response
 from facades.asgi_serving import HEAD_END, Handler, parse_head
 from facades.sonya.app import denied_response, messages_response, not_found_response
 from facades.sonya.inputs import parse_sequence
-from facades.sonya.socket_io import fast_response, keep_alive, send_all
+from facades.sonya.socket_io import (
+    Route,
+    fast_response,
+    keep_alive,
+    match_get,
+    receive_some,
+    send_all,
+)
 from facades.sonya.tokens import Denied, Tokens, bearer
 from tubes.broadcast import Broadcast
 
 LONGPOLL_PATH = re.compile(r"/queue/listen/longpoll/([^/]+)(?:/([^/]+))?")
-READ_CHUNK = 65536
 MAX_BUFFERED = 65536  # what a client may send ahead of its answers before we stop reading
 IDLE_S = 75.0  # as hypercorn's keep-alive timeout
 
-Route = tuple[str, str | None, str]  # queue, id, query string
 
 
 class _Connection:
@@ -55,13 +59,7 @@ class _Connection:
 
     async def read(self) -> None:
         while not self.eof and len(self.buffer) < MAX_BUFFERED:
-            await trio.lowlevel.wait_readable(self.sock)
-            try:
-                data = self.sock.recv(READ_CHUNK)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
+            data = await receive_some(self.sock)
             if data:
                 self.buffer += data
             else:
@@ -134,11 +132,7 @@ class LongPolls:
         query = QueryParams(query_string)
         answer: Response
         try:
-            token = bearer(headers, query)
-            if key is None:
-                self.tokens.check_service(token)
-            else:
-                self.tokens.check_key(token, queue, key)
+            self.tokens.check_listen(bearer(headers, query), queue, key)
         except Denied as exc:
             answer = denied_response(exc)
         else:
@@ -162,16 +156,7 @@ class LongPolls:
 
 def _route(request: h11.Request) -> Route | None:
     """(queue, id, query) of a long-poll GET without a body; None for anything else."""
-    if request.method != b"GET":
-        return None
     for name, _value in request.headers:
         if name in (b"content-length", b"transfer-encoding", b"upgrade"):
             return None
-    raw_path, _, query = request.target.partition(b"?")
-    try:
-        match = LONGPOLL_PATH.fullmatch(unquote(raw_path.decode("ascii")))
-    except UnicodeDecodeError:
-        return None
-    if match is None:
-        return None
-    return match.group(1), match.group(2), query.decode("latin-1")
+    return match_get(request, LONGPOLL_PATH)

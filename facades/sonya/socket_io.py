@@ -4,8 +4,10 @@ endpoints return, framed by h11 for the request they answer."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
+from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 
 import h11
@@ -14,6 +16,23 @@ from starlette.responses import Response
 
 # A socket whose client stops reading holds its bytes this long before it is dropped.
 SEND_TIMEOUT_S = 30.0
+
+Route = tuple[str, str | None, str]  # queue, id (None: the whole queue), query string
+
+
+def match_get(request: h11.Request, path: re.Pattern[str]) -> Route | None:
+    """(queue, id, query) of a GET whose percent-decoded path matches ``path`` (two groups, the
+    second optional, as Starlette routes the same paths); None for anything else."""
+    if request.method != b"GET":
+        return None
+    raw_path, _, query = request.target.partition(b"?")
+    try:
+        match = path.fullmatch(unquote(raw_path.decode("ascii")))
+    except UnicodeDecodeError:
+        return None
+    if match is None:
+        return None
+    return match.group(1), match.group(2), query.decode("latin-1")
 
 
 def http_response(conn: h11.Connection, answer: Response, close: bool = False) -> bytes:
@@ -46,6 +65,18 @@ def fast_response(answer: Response, keep: bool) -> bytes:
     lines.append(b"\r\n")
     lines.append(answer.body)
     return b"".join(lines)
+
+
+async def receive_some(sock: socket.socket, max_bytes: int = 65536) -> bytes:
+    """The next bytes the client sends; b"" once its stream has ended (or broken)."""
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return sock.recv(max_bytes)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
 
 
 async def send_all(sock: socket.socket, data: bytes) -> bool:

@@ -29,7 +29,6 @@ import re
 import socket
 from collections import deque
 from functools import partial
-from urllib.parse import unquote
 
 import h11
 import trio
@@ -44,7 +43,7 @@ from facades.asgi_serving import Handler, responder
 from facades.sonya.app import CLOSE_CODES, denied_response, not_found_response
 from facades.sonya.frames import FrameEncoder, Variant, accept_extensions
 from facades.sonya.inputs import parse_sequence
-from facades.sonya.socket_io import SEND_TIMEOUT_S, http_response, send_all
+from facades.sonya.socket_io import SEND_TIMEOUT_S, http_response, match_get, receive_some, send_all
 from facades.sonya.tokens import Denied, Tokens, bearer
 from tubes.broadcast import OVERFLOW, Broadcast
 from tubes.sequences import Message
@@ -54,7 +53,6 @@ log = logging.getLogger(__name__)
 LISTEN_PATH = re.compile(r"/queue/listen/ws/([^/]+)(?:/([^/]+))?")
 # After our close frame, how long the client has to answer with its own.
 CLOSE_TIMEOUT_S = 5.0
-READ_CHUNK = 65536
 # At most this many frames go into one sendmsg (well under IOV_MAX).
 WRITE_BATCH = 256
 
@@ -175,13 +173,7 @@ class SocketListener:
         assert self.ws is not None
         ws = self.ws
         while True:
-            await trio.lowlevel.wait_readable(self.sock)
-            try:
-                data = self.sock.recv(READ_CHUNK)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
+            data = await receive_some(self.sock)
             if not data:
                 if not self._close_queued:
                     self._lost()  # gone without a close frame: nothing more to send
@@ -241,14 +233,8 @@ class WebSocketListeners:
     def takeover(self, request: h11.Request) -> Handler | None:
         """A handler for a WebSocket upgrade of a listen path (hypercorn's test for an upgrade:
         GET, ``Connection: upgrade``, ``Upgrade: websocket``); None for anything else."""
-        if request.method != b"GET":
-            return None
-        raw_path, _, query = request.target.partition(b"?")
-        try:
-            match = LISTEN_PATH.fullmatch(unquote(raw_path.decode("ascii")))
-        except UnicodeDecodeError:
-            return None
-        if match is None:
+        route = match_get(request, LISTEN_PATH)
+        if route is None:
             return None
         upgrade = connection = b""
         for name, value in request.headers:
@@ -260,7 +246,7 @@ class WebSocketListeners:
             token.strip() == b"upgrade" for token in connection.lower().split(b",")
         ):
             return None
-        return partial(self.serve, match.group(1), match.group(2), query.decode("latin-1"))
+        return partial(self.serve, *route)
 
     async def serve(self, queue: str, key: str | None, query_string: str, sock: socket.socket,
                     request: h11.Request, head: bytes, rest: bytes) -> None:
@@ -272,12 +258,8 @@ class WebSocketListeners:
             await send_all(sock, http_response(conn, Response(b"", 400), close=True))  # as hypercorn: before the app
             return
         query = QueryParams(query_string)
-        token = bearer(headers, query)
         try:
-            if key is None:
-                self.tokens.check_service(token)
-            else:
-                self.tokens.check_key(token, queue, key)
+            self.tokens.check_listen(bearer(headers, query), queue, key)
         except Denied as exc:
             await send_all(sock, http_response(conn, denied_response(exc), close=True))
             return
