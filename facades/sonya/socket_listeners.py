@@ -15,8 +15,9 @@ Backpressure (S7): more than ``listener_buffer`` live messages held unsent ends 
 ``overflow``; the frame being written is completed, the held ones dropped, and the close frame
 1008 follows. A socket that takes nothing for ``SEND_TIMEOUT_S`` is dropped. Queue close and id
 delete close with 1000 after the frames already held, shutdown with 1001. Client pings are
-answered with pongs, a client's close is echoed, anything else the client sends is read and
-ignored.
+answered with pongs (with ``MAX_CONTROL_HELD`` pongs unsent, the client is not read until they
+are written, so TCP holds it back), a client's close is echoed and waited for, anything else the
+client sends is read and ignored.
 
 A WebSocket upgrade that arrives later on a kept-alive connection is served by hypercorn and the
 Starlette endpoint (``SonyaApi.websocket``), with the same behaviour, slower.
@@ -55,6 +56,12 @@ LISTEN_PATH = re.compile(r"/queue/listen/ws/([^/]+)(?:/([^/]+))?")
 CLOSE_TIMEOUT_S = 5.0
 # At most this many frames go into one sendmsg (well under IOV_MAX).
 WRITE_BATCH = 256
+# A client that sends pings but does not read our answers: after this many unsent pongs we stop
+# reading it (TCP then holds the client back) until they are written.
+MAX_CONTROL_HELD = 64
+
+# What an outbox entry is: the handshake or a preloaded message, a live message, a control frame.
+OTHER, LIVE, CONTROL = 0, 1, 2
 
 
 class SocketListener:
@@ -66,9 +73,11 @@ class SocketListener:
         self.variant = variant
         self.frames = frames
         self.ws: Connection | None = None  # set by start()
-        self._out: deque[tuple[bytes, bool]] = deque()  # (bytes, is a live message), in order
+        self._out: deque[tuple[bytes, int]] = deque()  # (bytes, OTHER/LIVE/CONTROL), in order
         self._offset = 0  # bytes of _out[0] already written
         self._live_held = 0
+        self._control_held = 0
+        self._drained = trio.lowlevel.ParkingLot()  # the reader waits here for pongs to go out
         self._end_reason: str | None = None
         self._close_queued = False  # nothing but bytes already queued goes out any more
         self._gone = False  # the connection is broken or closed: nothing more is written
@@ -82,7 +91,7 @@ class SocketListener:
             return 0
         frame = self.frames.text(item, self.variant)
         if self._out:
-            self._out.append((frame, True))
+            self._out.append((frame, LIVE))
             self._live_held += 1
             return self._live_held
         try:
@@ -94,7 +103,7 @@ class SocketListener:
             return 0
         if written == len(frame):
             return 0
-        self._out.append((frame, True))
+        self._out.append((frame, LIVE))
         self._offset = written
         self._live_held = 1
         self._wake.unpark_all()
@@ -113,9 +122,9 @@ class SocketListener:
     def start(self, response: bytes, ws: Connection, preload: list[Message]) -> None:
         """Queue the handshake response and the preload, ahead of any live frame."""
         self.ws = ws
-        self._out.append((response, False))
+        self._out.append((response, OTHER))
         for item in preload:
-            self._out.append((self.frames.text(item, self.variant), False))
+            self._out.append((self.frames.text(item, self.variant), OTHER))
         if self._end_reason is not None:
             self._queue_close(CLOSE_CODES.get(self._end_reason, 1000))
         self._wake.unpark_all()
@@ -162,10 +171,13 @@ class SocketListener:
             return
         written += self._offset
         while out and written >= len(out[0][0]):
-            frame, live = out.popleft()
+            frame, kind = out.popleft()
             written -= len(frame)
-            if live:
+            if kind == LIVE:
                 self._live_held -= 1
+            elif kind == CONTROL:
+                self._control_held -= 1
+                self._drained.unpark_all()
         self._offset = written
 
     async def _read(self) -> None:
@@ -173,6 +185,8 @@ class SocketListener:
         assert self.ws is not None
         ws = self.ws
         while True:
+            while self._control_held >= MAX_CONTROL_HELD and not self._gone:
+                await self._drained.park()
             data = await receive_some(self.sock)
             if not data:
                 if not self._close_queued:
@@ -183,43 +197,46 @@ class SocketListener:
             ws.receive_data(data)
             for event in ws.events():
                 if isinstance(event, Ping) and not self._close_queued:
-                    self._queue(ws.send(event.response()))
+                    self._queue(ws.send(event.response()), CONTROL)
                 elif isinstance(event, CloseConnection):
                     if ws.state is ConnectionState.REMOTE_CLOSING:  # the client closes: echo it
                         self._close_queued = True
-                        self._queue(ws.send(event.response()))
+                        self._queue(ws.send(event.response()), CONTROL)
                     elif ws.state is ConnectionState.OPEN:  # a protocol error: close with its code
                         self._queue_close(event.code)
                     self._peer_closed.set()
                     self._wake.unpark_all()
                     return
 
-    def _queue(self, data: bytes) -> None:
+    def _queue(self, data: bytes, kind: int) -> None:
         if self._gone:
             return
-        self._out.append((bytes(data), False))
+        self._out.append((bytes(data), kind))
+        if kind == CONTROL:
+            self._control_held += 1
         self._wake.unpark_all()
 
     def _queue_close(self, code: int) -> None:
         if self._close_queued or self.ws is None or self.ws.state is not ConnectionState.OPEN:
             return
         self._close_queued = True
-        self._queue(self.ws.send(CloseConnection(code)))
+        self._queue(self.ws.send(CloseConnection(code)), CONTROL)
 
     def _drop_held(self) -> None:
         """Drop the held live frames, except one already partly written (it is completed)."""
-        kept: deque[tuple[bytes, bool]] = deque()
-        for index, (frame, live) in enumerate(self._out):
-            if not live or (index == 0 and self._offset > 0):
-                kept.append((frame, live))
+        kept: deque[tuple[bytes, int]] = deque()
+        for index, (frame, kind) in enumerate(self._out):
+            if kind != LIVE or (index == 0 and self._offset > 0):
+                kept.append((frame, kind))
         self._out = kept
-        self._live_held = sum(1 for _, live in kept if live)
+        self._live_held = sum(1 for _, kind in kept if kind == LIVE)
 
     def _lost(self) -> None:
         self._gone = True
         self._out.clear()
-        self._live_held = 0
+        self._live_held = self._control_held = 0
         self._wake.unpark_all()
+        self._drained.unpark_all()
 
 
 class WebSocketListeners:

@@ -387,3 +387,31 @@ async def test_a_longpoll_whose_client_leaves_lets_go_and_stop_closes_idle_conne
     with trio.fail_after(4):  # the graceful limit is 5 s: an idle poll connection closes at once
         while await idle.receive_some(65536):
             pass
+
+
+def test_a_client_that_pings_without_reading_is_held_back_not_buffered(sonya):
+    """Pongs wait in the listener's outbox only up to a bound; then the server stops reading the
+    client, so TCP holds the client's pings back. Once it reads, it gets its pongs and the stream."""
+    q = fresh_queue(sonya)
+    raw = RawWebSocket(sonya.http_port, f"/queue/listen/ws/{q}")
+    try:
+        assert raw.status == 101
+        ping = b"\x89\xfd" + b"\x00" * 4 + b"p" * 125  # masked (with a zero key), 125-byte payload
+        raw.sock.settimeout(5)
+        sent = 0
+        with pytest.raises(TimeoutError):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                raw.sock.sendall(ping * 64)
+                sent += 64
+        assert sent < 400_000  # held back long before 50 MB of pongs could pile up
+        sonya.send_ok(q, "k", "after the pings")
+        raw.sock.settimeout(30)
+        data = b""
+        while b"after the pings" not in data:
+            chunk = raw.sock.recv(1 << 20)
+            assert chunk, "closed"
+            data += chunk
+        assert data.startswith(b"\x8a\x7d" + b"p" * 125)  # pongs first, in order
+    finally:
+        raw.close()
