@@ -415,3 +415,27 @@ def test_a_client_that_pings_without_reading_is_held_back_not_buffered(sonya):
         assert data.startswith(b"\x8a\x7d" + b"p" * 125)  # pongs first, in order
     finally:
         raw.close()
+
+
+def test_a_live_longpoll_answer_larger_than_the_socket_takes_is_finished(sonya):
+    """The fan-out writes a waiting poll's answer; what the socket does not take at once is
+    finished by the connection's task, and the connection serves the next poll."""
+    q = fresh_queue(sonya)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", sonya.http_port))
+    conn = RawHttp.__new__(RawHttp)
+    conn.sock, conn.buffer = sock, b""
+    try:
+        conn.send(f"GET /queue/listen/longpoll/{q}/k HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        time.sleep(0.5)
+        big = "b" * 1_500_000
+        sonya.send_ok(q, "k", big)
+        time.sleep(0.5)  # the answer waits in the socket buffers and the server's task
+        sock.settimeout(20)
+        status, headers, body = conn.answer()
+        assert status == 200 and json.loads(body) == [{"id": "k", "sequence": 1, "payload": big}]
+        conn.send(f"GET /queue/listen/longpoll/{q}/k?sequence=1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert json.loads(conn.answer()[2])[0]["sequence"] == 1
+    finally:
+        conn.close()
