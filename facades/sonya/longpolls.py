@@ -48,7 +48,6 @@ MAX_BUFFERED = 65536  # what a client may send ahead of its answers before we st
 IDLE_S = 75.0  # as hypercorn's keep-alive timeout
 
 
-
 class _Poll:
     """One waiting long-poll: the sink its subscription delivers to. Its answer (the first live
     message, or ``[]`` when the subscription ends) is written during the fan-out; what the socket
