@@ -30,6 +30,7 @@ import re
 import socket
 from collections import deque
 from functools import partial
+from itertools import islice
 
 import h11
 import trio
@@ -160,7 +161,7 @@ class SocketListener:
         if len(out) == 1:
             buffers = [memoryview(out[0][0])[self._offset:]]
         else:
-            buffers = [memoryview(frame) for frame, _ in (out[i] for i in range(min(len(out), WRITE_BATCH)))]
+            buffers = [memoryview(frame) for frame, _ in islice(out, WRITE_BATCH)]
             buffers[0] = buffers[0][self._offset:]
         try:
             written = self.sock.sendmsg(buffers)
