@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
-from tubes.scored import ScoredQueues
+from tubes.engine import QueueEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,12 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
 class DeckardFacade:
-    """Serves ``blipai.deckard.Deckard`` on ``host:port`` over the scored tubes."""
+    """Serves ``blipai.deckard.Deckard`` on ``host:port`` over the tubes of one space."""
 
     def __init__(
         self,
-        queues: ScoredQueues,
+        engine: QueueEngine,
+        space_id: int,
         host: str,
         port: int,
         *,
@@ -45,7 +46,8 @@ class DeckardFacade:
         allow_flush: bool = True,
         grace: float = GRACE_S,
     ) -> None:
-        self.queues = queues
+        self.engine = engine
+        self.space_id = space_id
         self.host = host
         self.port = port
         self.default_ttl_minutes = default_ttl_minutes
@@ -136,7 +138,8 @@ class DeckardFacade:
             ]
         )
         service = DeckardService(
-            self.queues, bridge, default_ttl_minutes=self.default_ttl_minutes, allow_flush=self.allow_flush
+            self.engine, self.space_id, bridge, default_ttl_minutes=self.default_ttl_minutes,
+            allow_flush=self.allow_flush,
         )
         server.add_generic_rpc_handlers((deckard_handlers(service),))
         health_service = health.aio.HealthServicer()

@@ -1,4 +1,5 @@
-"""The ten Deckard methods: requests to scored-tube calls, answers back (spec section 2, K1-K13).
+"""The ten Deckard methods: requests to engine calls on the Deckard space, answers back (spec
+section 2, K1-K13). A queue is a tube of that space; the facade only translates.
 
 Handlers run on the gRPC thread's asyncio loop. Everything that touches the engine goes through
 :class:`facades.deckard.trio_bridge.TrioBridge`, which runs it as a trio task and awaits the
@@ -7,6 +8,7 @@ answer without holding a thread; request checks and message building stay on thi
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -16,16 +18,24 @@ from facades.deckard.errors import answers_errors, tolerant
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from facades.deckard.trio_bridge import TrioBridge
-from tubes.scored import ScoredQueues, now_ms
+from tubes.engine import QueueEngine
+from tubes.task import TAKEN
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
 
 
-class DeckardService(pb_grpc.DeckardServicer):
-    """``blipai.deckard.Deckard`` over the scored tubes."""
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
-    def __init__(self, queues: ScoredQueues, bridge: TrioBridge, *, default_ttl_minutes: int, allow_flush: bool) -> None:
-        self.queues = queues
+
+class DeckardService(pb_grpc.DeckardServicer):
+    """``blipai.deckard.Deckard`` over the tubes of one space."""
+
+    def __init__(
+        self, engine: QueueEngine, space_id: int, bridge: TrioBridge, *, default_ttl_minutes: int, allow_flush: bool
+    ) -> None:
+        self.engine = engine
+        self.space_id = space_id
         self.bridge = bridge
         self.default_ttl_minutes = default_ttl_minutes
         self.allow_flush = allow_flush
@@ -38,7 +48,16 @@ class DeckardService(pb_grpc.DeckardServicer):
         items = translate.new_messages(request, now_ms(), self.default_ttl_minutes)
         if not items:
             return pb.AddResponse()
-        created, updated = await self._engine(self.queues.add, items)
+
+        async def add() -> tuple[int, int]:
+            now = float(now_ms())
+            return await self.engine.upsert(self.space_id, [
+                (m.queue, m.id, translate.clamp_score(now if m.score is None else m.score), m.expires * 1000,
+                 m.attachments, m.data)
+                for m in items
+            ])
+
+        created, updated = await self._engine(add)
         return pb.AddResponse(created_count=created, updated_count=updated)
 
     @answers_errors("error pulling messages")
@@ -46,15 +65,18 @@ class DeckardService(pb_grpc.DeckardServicer):
         amount, low, high, deadline = translate.pull_bounds(request, now_ms())
 
         async def pull() -> list[Any]:
-            return await self.queues.pull(request.queue, amount, low, high, deadline)
+            return await self.engine.take_many(self.space_id, request.queue, amount, deadline * 1000, low, high)
 
         pulled = await self._engine(pull)
-        messages = [translate.to_message(m, raw) for m, raw in pulled]
+        messages = [translate.to_message(task, raw) for task, raw in pulled]
         fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
         if fits < len(messages):
             # The answer would pass the 4 MiB send limit: the messages beyond it were never
             # handed out, so they go back to the queue at once rather than wait for a deadline.
-            await self._engine(self.queues.unpull, request.queue, [m.id for m in messages[fits:]])
+            async def untake() -> None:
+                await self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
+
+            await self._engine(untake)
         return pb.PullResponse(messages=messages[:fits])
 
     async def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
@@ -65,21 +87,32 @@ class DeckardService(pb_grpc.DeckardServicer):
             subtract = 0.0
         else:
             subtract = translate.given_score(request.score_subtract, "score_subtract") or 0.0
+        breakpoint = request.breakpoint
+
+        def diagnostics(attrs: dict[str, Any]) -> None:
+            translate.count_settle(attrs, nack=nack, breakpoint=breakpoint)
 
         async def settle() -> tuple[bool, int | None]:
             if request.removeMessage:
                 # Deckard acks, then removes, and answers success whatever the ack said: what
                 # the ack changed goes with the message, so removing is all there is to do.
-                return True, await self.queues.remove(request.queue, [request.id])
-            success = await self.queues.settle(
-                request.queue,
-                request.id,
-                nack=nack,
-                score=score,
-                lock_ms=request.lock_ms,
-                breakpoint=request.breakpoint,
-                score_subtract=subtract,
-            )
+                removed = await self.engine.remove(self.space_id, request.queue, [request.id])
+                return True, len(removed)
+            task = self.engine.get(self.space_id, request.queue, request.id)
+            if task is None or task.status != TAKEN:
+                return False, None
+            if request.lock_ms > 0:
+                # Locked, then back with the score given, else the front (nack) or the back (ack).
+                unlock = translate.clamp_score(score) if score is not None else (0.0 if nack else None)
+                success = await self.engine.settle(self.space_id, request.queue, request.id, pri=None,
+                                                   delay=request.lock_ms * 1000, unlock_pri=unlock, attrs=diagnostics)
+            else:
+                if score is not None:
+                    pri = translate.clamp_score(score)
+                else:
+                    pri = 0.0 if nack else translate.clamp_score(now_ms() - subtract)
+                success = await self.engine.settle(self.space_id, request.queue, request.id, pri=pri,
+                                                   attrs=diagnostics)
             return success, None
 
         success, removed = await self._engine(settle)
@@ -100,7 +133,10 @@ class DeckardService(pb_grpc.DeckardServicer):
     @answers_errors("error count messages")
     async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountResponse:
         async def count() -> int:
-            return self.queues.count(request.queue or None)  # K12: "" counts every queue
+            if not request.queue:  # K12: "" counts every queue
+                return sum(len(t.tasks) for t in self.engine.tubes_of(self.space_id))
+            tube = self.engine.existing_tube(self.space_id, request.queue)
+            return 0 if tube is None else len(tube.tasks)
 
         return pb.CountResponse(count=await self._engine(count))
 
@@ -108,14 +144,23 @@ class DeckardService(pb_grpc.DeckardServicer):
     async def Remove(self, request: pb.RemoveRequest, context: grpc.aio.ServicerContext) -> pb.RemoveResponse:
         if not request.ids:
             return pb.RemoveResponse()
-        removed = await self._engine(self.queues.remove, request.queue, list(request.ids))
+
+        async def remove() -> int:
+            return len(await self.engine.remove(self.space_id, request.queue, list(request.ids)))
+
+        removed = await self._engine(remove)
         return pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
 
     @answers_errors("error to flush deckard")
     async def Flush(self, request: pb.FlushRequest, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
         if not self.allow_flush:  # K9
             return pb.FlushResponse(success=False)
-        await self._engine(self.queues.flush)
+
+        async def flush() -> None:  # every queue of the Deckard space, nothing else
+            for tube in self.engine.tubes_of(self.space_id):
+                await self.engine.drop_tube(self.space_id, tube.name)
+
+        await self._engine(flush)
         return pb.FlushResponse(success=True)
 
     @answers_errors("error getting message")
@@ -124,7 +169,11 @@ class DeckardService(pb_grpc.DeckardServicer):
         translate.require(request.queue, "queue")
 
         async def get() -> Any:
-            return self.queues.get(request.queue, request.id)
+            task = self.engine.get(self.space_id, request.queue, request.id)
+            if task is None or task.expires <= time.time_ns() // 1000:
+                return None
+            raw = self.engine.stored(self.engine.queue_space(self.space_id), task)
+            return None if raw is None else (task.copy(), raw)
 
         found = await self._engine(get)
         if found is None:
@@ -138,13 +187,20 @@ class DeckardService(pb_grpc.DeckardServicer):
     async def EditQueue(self, request: pb.EditQueueRequest, context: grpc.aio.ServicerContext) -> pb.EditQueueResponse:
         if not request.HasField("configuration"):
             return pb.EditQueueResponse(queue=request.queue, success=False)
-        await self._engine(self.queues.set_limit, request.queue, request.configuration.max_elements)
+        max_elements = request.configuration.max_elements
+        if max_elements != 0:  # > 0 sets the limit, < 0 removes it, 0 changes nothing
+
+            async def edit() -> None:
+                await self.engine.set_limit(self.space_id, request.queue, max(max_elements, 0))
+
+            await self._engine(edit)
         return pb.EditQueueResponse(queue=request.queue, success=True)
 
     @answers_errors("error getting queue configuration")
     async def GetQueue(self, request: pb.GetQueueRequest, context: grpc.aio.ServicerContext) -> pb.GetQueueResponse:
         async def limit() -> int:
-            return self.queues.limit(request.queue)
+            tube = self.engine.existing_tube(self.space_id, request.queue)
+            return 0 if tube is None else tube.limit
 
         max_elements = await self._engine(limit)
         return pb.GetQueueResponse(
