@@ -144,13 +144,7 @@ class TomlReader:
             lua=self.lua(root),
         )
         self.check_listeners(config)
-        self.check_facade_spaces(config)
         return config
-
-    def check_facade_spaces(self, config: Config) -> None:
-        """Deckard's and Zaqar's queues are tubes of different kinds: not one space for both."""
-        if config.deckard is not None and config.zaqar is not None and config.deckard.space == config.zaqar.space:
-            raise self.fail(("zaqar", "space"), f"zaqar.space and deckard.space are both {show(config.zaqar.space)}")
 
     def check_listeners(self, config: Config) -> None:
         iproto = config.iproto

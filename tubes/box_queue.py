@@ -17,6 +17,7 @@ from typing import Any
 from spaces.later import Later
 from spaces.procedures import CallContext, Procedures
 from tubes.engine import QueueEngine, proc_error
+from tubes.kinds import BOX_QUEUE
 from tubes.numbers import tonumber
 from tubes.task import rettask
 
@@ -52,6 +53,7 @@ class BoxQueue:
 
     def __init__(self, engine: QueueEngine) -> None:
         self.engine = engine
+        self.kind = engine.kind_named(BOX_QUEUE)  # a tube box.queue creates is box.queue's
         self._bound_sessions: set[int] = set()
         self._restart_checked: set[tuple[int, str]] = set()
 
@@ -120,15 +122,16 @@ class BoxQueue:
         space_id, name = self._space(space, "put"), _tube(tube, "put")
         args = self._put_args("put", delay, ttl, ttr, pri)
         # Only calls that succeed count (D9), in the step the task appears.
-        return self.engine.put(space_id, name, data=list(data), counter="put", **args).map(self._returned(space_id))
+        return self.engine.put(space_id, name, data=list(data), counter="put", kind=self.kind, **args).map(
+            self._returned(space_id))
 
     def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "urgent"), _tube(tube, "urgent")
         args = self._put_args("urgent", delay, ttl, ttr, pri)
         ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(self.engine.tube(space_id, name))
-        return self.engine.put(space_id, name, data=list(data), ipri=ipri, counter="urgent", **args).map(
-            self._returned(space_id))
+        return self.engine.put(space_id, name, data=list(data), ipri=ipri, counter="urgent", kind=self.kind,
+                               **args).map(self._returned(space_id))
 
     async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                          ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
@@ -137,7 +140,7 @@ class BoxQueue:
         if not data or data[0] is None:
             raise proc_error("Can not put unique task without data")
         args = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
-        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), **args)
+        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), kind=self.kind, **args)
         return self._returned(space_id)(raw)
 
     # -- consumers ---------------------------------------------------------------------------

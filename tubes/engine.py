@@ -25,6 +25,7 @@ to consumers only once their put is durable. After a change is durable the chang
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -178,9 +179,10 @@ class QueueEngine:
             raise BoxError(
                 ER.SPACE_EXISTS, name, message=f"Space '{name}' already exists with another layout than a tube space's"
             )
+        self.kinds.setdefault(kind.name, kind)
         known = self._owned.get(space.id)
-        if known is not None and known.kind.name == kind.name:
-            return known
+        if known is not None:
+            return known  # another API's space too: its tubes keep their own kinds
         queue_space = QueueSpace(space, TUBE_LAYOUT, kind, owned=True)
         self._owned[space.id] = queue_space
         self._checked.pop(space.id, None)
@@ -188,7 +190,6 @@ class QueueEngine:
         owned = self._records[OWNED_SPACES]
         if owned.get(0, [name]) != pack(record):
             await self.committer.write(owned.prepare_put(pack(record), record, REPLACE))
-        self.kinds.setdefault(kind.name, kind)
         if self._recovered:
             self._recover_space(queue_space)
             await self._recover_records(queue_space)
@@ -264,6 +265,8 @@ class QueueEngine:
             tube = self._tube(queue_space, name)
             tube.options = dict(options) if isinstance(options, dict) else {}
             tube.set_limit(int(tube.options.get("limit", 0)))
+            if "kind" in tube.options:
+                tube.kind = self.kind_named(tube.options["kind"])
         for raw in self._records[CLAIM_RECORDS].pairs(0, 1, [sid]):
             _sid, name, cid, ttl, grace, expires, updated = decode_tuple(raw)[:7]
             tube = self._tube(queue_space, name)
@@ -291,6 +294,7 @@ class QueueEngine:
         ids = {s.id for s in spaces}
         for (sid, _name), tube in list(self.tubes.items()):
             if sid in ids:
+                self._forget_if_unused(tube)
                 if tube.tasks or tube.claims:
                     self._start_monitor(tube)
                 if tube.limit and len(tube.tasks) > tube.limit and self._nursery is not None:
@@ -336,6 +340,12 @@ class QueueEngine:
 
     def tube(self, space_id: int, name: str) -> Tube:
         return self._tube(self.queue_space(space_id), name)
+
+    def kind_named(self, name: str) -> TubeKind:
+        kind = self.kinds.get(name)
+        if kind is None:
+            kind = self.kinds[name] = _default_kind(name)
+        return kind
 
     def _tube(self, queue_space: QueueSpace, name: str) -> Tube:
         key = (queue_space.id, name)
@@ -432,9 +442,14 @@ class QueueEngine:
         return f"{bits:032x}"
 
     def _forget_if_unused(self, tube: Tube) -> None:
+        """Forget a tube memory need not keep; a record that only named its kind goes too."""
         key = (tube.space_id, tube.name)
         if tube.unused() and self.tubes.get(key) is tube:
             del self.tubes[key]
+            if tube.options is not None:
+                tube.options = None
+                self.committer.submit(self._record_write(TUBE_RECORDS, None, list(key)),
+                                      _log_failure(f"deleting the record of tube {tube.name!r}"))
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -706,18 +721,20 @@ class QueueEngine:
         data: list[Any],
         ipri: int | None = None,
         counter: str | None = None,
+        kind: TubeKind | None = None,
     ) -> Later[bytes]:
         """box.queue's insert: the position comes from the tube's kind (``ipri`` None: the
-        default lane; urgent passes its lane). ``counter`` counts when the put is durable."""
+        default lane; urgent passes its lane). ``counter`` counts when the put is durable;
+        ``kind`` is the caller's, which a tube holding nothing yet takes."""
         queue_space = self.queue_space(space_id)
         tube = self._tube(queue_space, tube_name)
+        records, options = self._adopt(queue_space, tube, kind)
         ipri_, pri_ = tube.kind.put_order(pri, ipri)
         task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri_, pri=pri_)
-        if queue_space.layout is QUEUE15 and not tube.kind.stored_tubes:
+        if queue_space.layout is QUEUE15 and not records:
             return self._put_one(queue_space, tube, task, data, counter)
-        records = self._tube_record_writes(queue_space, tube)
         later = self._batch(queue_space, tube, inserts=[(task, self.tail(queue_space, data))], records=records)
-        return later.map(lambda results: _counted(tube, counter, results[0], stored=bool(records)))
+        return later.map(lambda results: _counted(tube, counter, results[0], options))
 
     def _put_one(self, queue_space: QueueSpace, tube: Tube, task: Task, data: list[Any], counter: str | None) -> Later[bytes]:
         """A put into a 1.5 space: one insert, placed once durable."""
@@ -745,18 +762,19 @@ class QueueEngine:
         return later
 
     def put_many(
-        self, space_id: int, tube_name: str, items: list[tuple[int | None, list[Any], dict[str, Any]]]
+        self, space_id: int, tube_name: str, items: list[tuple[int | None, list[Any], dict[str, Any]]],
+        kind: TubeKind | None = None,
     ) -> Later[list[Task]]:
         """Several tasks of the tube's default position, all or nothing: ``(ttl, data, attrs)``
         each (Zaqar's post). The tube's record is written with them if it needs one."""
         queue_space = self.queue_space(space_id)
         tube = self._tube(queue_space, tube_name)
+        records, options = self._adopt(queue_space, tube, kind)
         ipri, pri = tube.kind.put_order(0, None)
         tasks = [self.new_task(queue_space, tube, ttl=ttl, ipri=ipri, pri=pri, attrs=attrs) for ttl, _d, attrs in items]
         inserts = [(task, self.tail(queue_space, data)) for task, (_t, data, _a) in zip(tasks, items, strict=True)]
-        records = self._tube_record_writes(queue_space, tube)
         later = self._batch(queue_space, tube, inserts=inserts, records=records)
-        return later.map(lambda _results: _counted(tube, None, tasks, stored=bool(records)))
+        return later.map(lambda _results: _counted(tube, None, tasks, options))
 
     def urgent_ipri(self, tube: Tube) -> int:
         """Ahead of the current head of the ready list (D2, section 2.2)."""
@@ -766,7 +784,8 @@ class QueueEngine:
         return max(int(head.ipri) - 1, 0)
 
     async def put_unique(
-        self, space_id: int, tube_name: str, *, delay: int, ttl: int | None, ttr: int | None, pri: int, data: list[Any]
+        self, space_id: int, tube_name: str, *, delay: int, ttl: int | None, ttr: int | None, pri: int, data: list[Any],
+        kind: TubeKind | None = None,
     ) -> tuple[bytes, bool]:
         """A task, unless a ready (delayed, with a delay) task of the tube has the same first
         data field: then that one. Returns the stored tuple and whether it was inserted."""
@@ -782,10 +801,13 @@ class QueueEngine:
             found = space.select(3, 0, [tube_name, status, data[0]], 0, 1)
             if found:
                 return found[0], False
-            return await self.put(space_id, tube_name, delay=delay, ttl=ttl, ttr=ttr, pri=pri, data=data, counter="put"), True
+            put = self.put(space_id, tube_name, delay=delay, ttl=ttl, ttr=ttr, pri=pri, data=data, counter="put",
+                           kind=kind)
+            return await put, True
 
     async def upsert(
-        self, space_id: int, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]]
+        self, space_id: int, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]],
+        kind: TubeKind | None = None,
     ) -> tuple[int, int]:
         """Insert or refresh tasks by (tube, id), in one commit: ``(tube, id, pri, expires,
         attachments, data)`` each (Deckard's Add, K10). A new task is ready with ``pri``; an
@@ -803,14 +825,15 @@ class QueueEngine:
         for key in keys:
             self._upserting[key] = finished
         try:
-            return await self._upsert(queue_space, items)
+            return await self._upsert(queue_space, items, kind)
         finally:
             for key in keys:
                 del self._upserting[key]
             finished.set()
 
     async def _upsert(
-        self, queue_space: QueueSpace, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]]
+        self, queue_space: QueueSpace, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]],
+        kind: TubeKind | None,
     ) -> tuple[int, int]:
         by_tube: dict[str, list[tuple[str, float, int, dict[str, Any], list[Any]]]] = {}
         for tube_name, task_id, pri, expires, attachments, data in items:
@@ -819,6 +842,7 @@ class QueueEngine:
         pending = []
         for tube_name, entries in by_tube.items():
             tube = self._tube(queue_space, tube_name)
+            records, options = self._adopt(queue_space, tube, kind)
             new: dict[str, tuple[Task, Tail]] = {}
             changes: list[tuple[Task, Mutate, Tail | None]] = []
             for task_id, pri, expires, attachments, data in entries:
@@ -840,7 +864,8 @@ class QueueEngine:
                 else:
                     changes.append((existing, _expiring_at(expires), tail))
                     updated += 1
-            pending.append((tube, self._batch(queue_space, tube, changes=changes, inserts=list(new.values()))))
+            later = self._batch(queue_space, tube, changes=changes, inserts=list(new.values()), records=records)
+            pending.append((tube, later.map(functools.partial(_counted, tube, None, options=options))))
         error: BaseException | None = None
         for _tube, later in pending:
             try:
@@ -1228,19 +1253,31 @@ class QueueEngine:
 
     # -- tubes that exist on their own, limits ---------------------------------------------
 
-    def _tube_record_writes(self, queue_space: QueueSpace, tube: Tube) -> list[Callable[[lmdb.Transaction], Any]]:
-        """A tube of a kind that is stored gets its record with its first task."""
-        if not tube.kind.stored_tubes or tube.options is not None:
-            return []
-        return [self._record_write(TUBE_RECORDS, [queue_space.id, tube.name, {}], [])]
+    def _adopt(
+        self, queue_space: QueueSpace, tube: Tube, kind: TubeKind | None
+    ) -> tuple[list[Callable[[lmdb.Transaction], Any]], dict[str, Any] | None]:
+        """A tube that holds nothing yet takes the kind of the API putting into it (a tube's
+        properties are those of the API that created it). Its record goes with its first tasks
+        when its kind stores its tubes or is not its space's; returns it and its options."""
+        if kind is not None and not tube.tasks and not tube.pending and tube.options is None:
+            tube.kind = kind
+        if tube.options is not None:
+            return [], None
+        foreign = tube.kind.name != queue_space.kind.name
+        if not (tube.kind.stored_tubes or foreign):
+            return [], None
+        options = {"kind": tube.kind.name} if foreign else {}
+        return [self._record_write(TUBE_RECORDS, [queue_space.id, tube.name, options], [])], options
 
-    async def create_tube(self, space_id: int, tube_name: str, options: dict[str, Any]) -> bool:
+    async def create_tube(self, space_id: int, tube_name: str, options: dict[str, Any],
+                          kind: TubeKind | None = None) -> bool:
         """Store the tube with ``options``; False (and nothing changed) if it is stored already."""
         queue_space = self.queue_space(space_id)
         tube = self._tube(queue_space, tube_name)
         if tube.options is not None:
             return False
-        tube.options = dict(options)
+        _records, kind_options = self._adopt(queue_space, tube, kind)
+        tube.options = {**(kind_options or {}), **options}
         try:
             await self.committer.write(self._record_write(TUBE_RECORDS, [space_id, tube_name, tube.options], []))
         except BaseException:
@@ -1542,12 +1579,12 @@ def _with_tail(header: list[Any], tail: Tail) -> Callable[[bytes], bytes]:
     return transform
 
 
-def _counted(tube: Tube, counter: str | None, result: Any, stored: bool = False) -> Any:
-    """A put is durable: count it, and a tube whose record was written with it is stored."""
+def _counted(tube: Tube, counter: str | None, result: Any, options: dict[str, Any] | None = None) -> Any:
+    """A put is durable: count it; a tube whose record was written with it has it now."""
     if counter is not None:
         tube.count(counter)
-    if stored and tube.options is None and not tube.dropped:
-        tube.options = {}
+    if options is not None and tube.options is None and not tube.dropped:
+        tube.options = options
     return result
 
 

@@ -128,9 +128,11 @@ class Tube:
             self.claim_times.remove((claim.expires, claim.id))
 
     def unused(self) -> bool:
-        """Nothing here that memory must keep: the tube can be forgotten."""
+        """Nothing here that memory must keep: the tube can be forgotten (a record that only
+        names its kind goes with it)."""
+        stored = self.options is not None and (self.kind.stored_tubes or bool(set(self.options) - {"kind"}))
         return not (
-            self.tasks or self.stats or self.waiters or self.claims or self.options is not None
+            self.tasks or self.stats or self.waiters or self.claims or stored
             or self.limit or self.monitor_running or self.unique_lock is not None or self.pending
         )
 

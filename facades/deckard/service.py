@@ -19,6 +19,7 @@ from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from facades.deckard.trio_bridge import TrioBridge
 from tubes.engine import QueueEngine
+from tubes.kinds import DECKARD
 from tubes.task import TAKEN
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
@@ -55,7 +56,7 @@ class DeckardService(pb_grpc.DeckardServicer):
                 (m.queue, m.id, translate.clamp_score(now if m.score is None else m.score), m.expires * 1000,
                  m.attachments, m.data)
                 for m in items
-            ])
+            ], kind=self.engine.kind_named(DECKARD))
 
         created, updated = await self._engine(add)
         return pb.AddResponse(created_count=created, updated_count=updated)

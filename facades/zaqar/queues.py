@@ -101,13 +101,18 @@ class ZaqarQueues:
     # -- places ------------------------------------------------------------------------------
 
     def spaces(self) -> list[QueueSpace]:
-        return self.engine.owned_spaces(self.kind.name)
+        """Where Zaqar's queues are: its own space, every pool's space (even one of another API,
+        such as Deckard's), and any space the engine keeps for Zaqar (a deleted pool's)."""
+        names = {self.default.space.name} | {p.uri[len(URI_SCHEME):] for p in self.pools.pools.values()}
+        found = {s.id: s for s in self.engine.owned_spaces() if s.space.name in names or s.kind.name == self.kind.name}
+        return sorted(found.values(), key=lambda s: s.id != self.default.id)
 
     def _find(self, project: str, name: str) -> tuple[QueueSpace, Tube] | None:
+        """The queue's tube: stored (created by Zaqar), or holding tasks put by another API."""
         tube_name = f"{project}/{name}"
         for queue_space in self.spaces():
             tube = self.engine.existing_tube(queue_space.id, tube_name)
-            if tube is not None and tube.options is not None:
+            if tube is not None and (tube.options is not None or tube.tasks):
                 return queue_space, tube
         return None
 
@@ -143,7 +148,8 @@ class ZaqarQueues:
                 return False
             space_name = self.pools.place(project, metadata.get("_flavor"))
             queue_space = self.default if space_name is None else await self.engine.own_space(space_name, self.kind)
-            return await self.engine.create_tube(queue_space.id, f"{project}/{name}", {"metadata": metadata})
+            return await self.engine.create_tube(queue_space.id, f"{project}/{name}", {"metadata": metadata},
+                                                 kind=self.kind)
 
         return await self._timed("create_queue", project, name, create)
 
@@ -151,7 +157,9 @@ class ZaqarQueues:
         prefix = project + "/"
         names = set()
         for queue_space in self.spaces():
-            for tube in self.engine.stored_tubes(queue_space.id):
+            for tube in self.engine.tubes_of(queue_space.id):
+                if tube.options is None and not tube.tasks:
+                    continue
                 if tube.name.startswith(prefix) and "/" not in tube.name[len(prefix):]:
                     names.add(tube.name[len(prefix):])
         chosen = sorted(n for n in names if marker is None or n > marker)[:limit]
@@ -195,7 +203,8 @@ class ZaqarQueues:
         async def post() -> list[str]:
             queue_space, tube = await self._ensure_queue(project, name)
             tasks = await self.engine.put_many(
-                queue_space.id, tube.name, [(ttl * US, [body], {"client": client}) for body, ttl in items])
+                queue_space.id, tube.name, [(ttl * US, [body], {"client": client}) for body, ttl in items],
+                kind=self.kind)
             return [t.id for t in tasks]
 
         return await self._timed("post_messages", project, name, post)
