@@ -116,7 +116,7 @@ async def _migrate_deckard(catalog: Catalog, engine: QueueEngine, target: QueueS
 
 
 def engine_records(engine: QueueEngine, name: str) -> Space:
-    return engine._records[name]  # the engine's own record spaces, open once it owns a space
+    return engine.record_space(name)
 
 
 async def _migrate_zaqar(catalog: Catalog, engine: QueueEngine, default: QueueSpace, kind: TubeKind,
