@@ -19,7 +19,7 @@ from spaces.procedures import CallContext, Procedures
 from tubes.engine import QueueEngine, proc_error
 from tubes.kinds import BOX_QUEUE
 from tubes.numbers import tonumber
-from tubes.task import rettask
+from tubes.task import HEADER_FIELDS, TUBE_LAYOUT, TupleReader
 
 TIMEOUT_INFINITY = 31_536_000
 US = 1_000_000
@@ -54,6 +54,7 @@ class BoxQueue:
     def __init__(self, engine: QueueEngine) -> None:
         self.engine = engine
         self.kind = engine.kind_named(BOX_QUEUE)  # a tube box.queue creates is box.queue's
+        self.reader = TupleReader()
         self._bound_sessions: set[int] = set()
         self._restart_checked: set[tuple[int, str]] = set()
 
@@ -79,15 +80,18 @@ class BoxQueue:
         self.engine.queue_space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
 
-    def _returned(self, space_id: int) -> Any:
+    def _returned(self, space_id: int) -> Callable[[bytes], list[Any]]:
         """What a call returns from a stored task of this space (its data starts where the
         space's layout puts it)."""
-        data_at = self.engine.queue_space(space_id).layout.data_at
+        if self.engine.queue_space(space_id).layout.data_at == HEADER_FIELDS:
+            return self._returned_15
+        return self._returned_tube
 
-        def returned(raw: bytes) -> list[Any]:
-            return [rettask(raw, data_at)]
+    def _returned_15(self, raw: bytes) -> list[Any]:
+        return [self.reader.rettask(raw, HEADER_FIELDS)]
 
-        return returned
+    def _returned_tube(self, raw: bytes) -> list[Any]:
+        return [self.reader.rettask(raw, TUBE_LAYOUT.data_at)]
 
     def _consumer(self, ctx: CallContext) -> int:
         """The caller's session, bound once so its tasks are released when it ends."""

@@ -96,6 +96,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
         queue_space = QueueSpace(space, TUBE_LAYOUT, kind, owned=True)
         self._owned[space.id] = queue_space
         self._checked.pop(space.id, None)
+        self._known.pop(space.id, None)
         record = [name, kind.name]
         owned = self._records[OWNED_SPACES]
         if owned.get(0, [name]) != pack(record):
@@ -130,6 +131,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
                 continue
             kind = self.kinds.get(kind_name) or default_kind(kind_name)
             self._owned[space.id] = QueueSpace(space, TUBE_LAYOUT, kind, owned=True)
+            self._known.pop(space.id, None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.open_owned()

@@ -34,8 +34,8 @@ from tubes.task import (
     TUBE_KEY,
     Layout,
     Task,
+    TupleReader,
     encode_task,
-    split_data,
 )
 from tubes.tube import Tube
 
@@ -129,6 +129,7 @@ class EngineBase:
         self._held: dict[int, dict[Task, Tube]] = {}  # session -> the tasks it has taken
         self._owned: dict[int, QueueSpace] = {}
         self._checked: dict[int, tuple[Space, int, QueueSpace | None]] = {}  # D12 checks per schema
+        self._known: dict[Any, tuple[int, QueueSpace]] = {}  # queue_space's answers per schema
         self._records: dict[str, Space] = {}
         self._last_created = 0
         self._nursery: trio.Nursery | None = None
@@ -136,6 +137,7 @@ class EngineBase:
         self.hooks: list[ChangeHook] = []
         self._random = random.Random()  # task ids: seeded from os.urandom
         self._upserting: dict[tuple[int, str, str], trio.Event] = {}
+        self.reader = TupleReader()  # on the event loop only, like everything here
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -151,7 +153,16 @@ class EngineBase:
         return found
 
     def queue_space(self, space_id: Any) -> QueueSpace:
-        """The queue space with this id, else ER_NO_SUCH_SPACE (D12)."""
+        """The queue space with this id, else ER_NO_SUCH_SPACE (D12). Every call of every API
+        asks, so the answer is kept until the schema changes."""
+        known = self._known.get(space_id)
+        if known is not None and known[0] == self.catalog.schema_version:
+            return known[1]
+        queue_space = self._find_queue_space(space_id)
+        self._known[space_id] = (self.catalog.schema_version, queue_space)
+        return queue_space
+
+    def _find_queue_space(self, space_id: Any) -> QueueSpace:
         owned = self._owned.get(space_id) if type(space_id) is int else None
         if owned is not None and not owned.space.dropped:
             return owned
@@ -307,7 +318,8 @@ class EngineBase:
         """Change ``task`` in memory (counting ``counter`` with it) and write it, keeping its
         stored attachments and data unless ``tail`` is given; the Later gives the stored tuple
         once durable, after ``after()`` has run. A write that fails undoes both."""
-        before = task.copy()
+        before = task.snapshot()
+        old_status = task.status
         self._leave(tube, task)
         mutate(task)
         self._enter(tube, task)
@@ -316,9 +328,10 @@ class EngineBase:
         header = task.header()
         keep = queue_space.layout.header
         if tail is None:
+            split = self.reader.split
 
             def transform(old: bytes) -> bytes:
-                return encode_task(header, *split_data(old, keep))
+                return encode_task(header, *split(old, keep))
         else:
 
             def transform(old: bytes) -> bytes:
@@ -341,7 +354,8 @@ class EngineBase:
                 undo()
                 later.settle(None, error)
                 return
-            self._notify(tube, task.id, before.status, task.status, raw)
+            if self.hooks:
+                self._notify(tube, task.id, old_status, task.status, raw)
             if after is not None:
                 after()
             later.settle(raw)
@@ -398,20 +412,20 @@ class EngineBase:
         Later gives the stored tuples: changed, then deleted, then inserted ones."""
         space, layout = queue_space.space, queue_space.layout
         keep = layout.header
-        done_changes: list[tuple[Task, Task, list[Any]]] = []
+        done_changes: list[tuple[Task, list[Any], list[Any]]] = []
         writes: list[Callable[[lmdb.Transaction], Any]] = []
         counted = list(counters)
         for counter in counted:
             tube.count(counter)
         for task, mutate, tail in changes:
-            before = task.copy()
+            before = task.snapshot()
             self._leave(tube, task)
             mutate(task)
             self._enter(tube, task)
             header = task.header()
             done_changes.append((task, before, header))
             if tail is None:
-                transform = _keeping_tail(header, keep)
+                transform = _keeping_tail(header, keep, self.reader)
             else:
                 transform = _with_tail(header, tail)
             writes.append(space.prepare_transform(layout.key(task), transform))
@@ -463,7 +477,7 @@ class EngineBase:
                 return
             assert results is not None
             for (task, before, _header), raw in zip(done_changes, results, strict=False):
-                self._notify(tube, task.id, before.status, task.status, raw)
+                self._notify(tube, task.id, before[2], task.status, raw)
             for task in deleted:
                 self._notify(tube, task.id, task.status, None, None)
             inserted = results[len(done_changes) + len(deleted):][: len(new)]
@@ -540,9 +554,11 @@ def created_of(task: Task) -> int:
     return task.created
 
 
-def _keeping_tail(header: list[Any], keep: int) -> Callable[[bytes], bytes]:
+def _keeping_tail(header: list[Any], keep: int, reader: TupleReader) -> Callable[[bytes], bytes]:
+    split = reader.split
+
     def transform(old: bytes) -> bytes:
-        return encode_task(header, *split_data(old, keep))
+        return encode_task(header, *split(old, keep))
 
     return transform
 

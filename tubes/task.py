@@ -148,10 +148,18 @@ class Task:
         copied.attrs = None if self.attrs is None else dict(self.attrs)
         return copied
 
-    def restore(self, other: Task) -> None:
-        """Become ``other`` again (undo an in-memory change whose write failed)."""
-        for name in Task.__slots__:
-            setattr(self, name, getattr(other, name))
+    def snapshot(self) -> list[Any]:
+        """Every field as it is now, to :meth:`restore` if a change has to be undone."""
+        return [
+            self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid,
+            self.created, self.ttl, self.ttr, self.cbury, self.ctaken,
+            None if self.attrs is None else dict(self.attrs),
+        ]
+
+    def restore(self, fields: list[Any]) -> None:
+        """Become the snapshot again (undo an in-memory change whose write failed)."""
+        (self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid, self.created,
+         self.ttl, self.ttr, self.cbury, self.ctaken, self.attrs) = fields
 
     @classmethod
     def from_fields(cls, fields: list[Any], layout: Layout) -> Task:
@@ -162,24 +170,52 @@ class Task:
         return task
 
 
-def _unpacker(raw: bytes) -> msgpack.Unpacker:
-    # Sized to the tuple: by default an unpacker mallocs a 1 MiB buffer, which costs more than
-    # everything else done with it here.
-    unpacker = msgpack.Unpacker(
-        raw=False, unicode_errors="surrogateescape", strict_map_key=False, max_buffer_size=max(len(raw), 16)
-    )
-    unpacker.feed(raw)
-    return unpacker
+class TupleReader:
+    """Splits stored task tuples with one long-lived unpacker (making one per tuple costs more
+    than the split). Not for sharing between threads; every read consumes the whole tuple."""
 
+    def __init__(self) -> None:
+        self._unpacker = self._fresh()
 
-def split_data(raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
-    """How many fields a stored tuple has past its ``header`` fields, and their msgpack bytes as
-    stored (attachments and data, in the tube layout)."""
-    unpacker = _unpacker(raw)
-    count = unpacker.read_array_header()
-    for _ in range(min(count, header)):
-        unpacker.skip()
-    return max(count - header, 0), raw[unpacker.tell():]
+    @staticmethod
+    def _fresh() -> msgpack.Unpacker:
+        return msgpack.Unpacker(raw=False, unicode_errors="surrogateescape", strict_map_key=False)
+
+    def split(self, raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
+        """How many fields the tuple has past ``header``, and their bytes as stored."""
+        unpacker = self._unpacker
+        try:
+            base = unpacker.tell()
+            unpacker.feed(raw)
+            count = unpacker.read_array_header()
+            for _ in range(min(count, header)):
+                unpacker.skip()
+            at = unpacker.tell() - base
+            for _ in range(count - header):
+                unpacker.skip()
+        except Exception:
+            self._unpacker = self._fresh()
+            raise
+        return max(count - header, 0), raw[at:]
+
+    def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
+        """What the queue functions return: ``[id, tube, status name, data...]``."""
+        unpacker = self._unpacker
+        try:
+            base = unpacker.tell()
+            unpacker.feed(raw)
+            count = unpacker.read_array_header()
+            task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
+            for _ in range(min(count, data_at) - 3):
+                unpacker.skip()
+            at = unpacker.tell() - base
+            for _ in range(count - data_at):
+                unpacker.skip()
+        except Exception:
+            self._unpacker = self._fresh()
+            raise
+        head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
+        return Raw(array_header(3 + max(count - data_at, 0)) + head + raw[at:])
 
 
 def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
@@ -187,18 +223,6 @@ def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
     # The header packs in one call; its own array header (one byte: fewer than 16 fields) gives
     # way to the tuple's.
     return array_header(len(header) + data_count) + pack(header)[1:] + data_raw
-
-
-def rettask(raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
-    """What the queue functions return: ``[id, tube, status name, data...]`` from a stored tuple."""
-    unpacker = _unpacker(raw)
-    count = unpacker.read_array_header()
-    task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
-    for _ in range(min(count, data_at) - 3):
-        unpacker.skip()
-    data_count, data_raw = max(count - data_at, 0), raw[unpacker.tell():]
-    head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
-    return Raw(array_header(3 + data_count) + head + data_raw)
 
 
 def stored_parts(raw: bytes, layout: Layout) -> tuple[dict[str, Any], list[Any]]:
