@@ -31,6 +31,7 @@ def workload(count: int, what: str) -> None:
     import msgpack
     import trio
 
+    import boxqueue  # noqa: F401 - first: BOXQUEUE_PURE=1 then measures the uncompiled sources
     from errcodes import BoxError
     from iproto_server import codec
     from iproto_server.builtins import register_builtins
@@ -75,9 +76,11 @@ def workload(count: int, what: str) -> None:
             session = Session(1, catalog.access.guest)
             decoder = codec.RequestDecoder()
             answers: list[bytes] = []
+            out = bytearray()
             for _ in range(count):
                 decoder.feed(frame)
-                dispatcher.handle(session, decoder.next_event(), answers.append)
+                dispatcher.handle(session, decoder.next_event(), out, answers.append)
+                del out[:]
             await trio.sleep(0.01)  # let queued writes commit
             nursery.cancel_scope.cancel()
         storage.close()
@@ -122,6 +125,7 @@ def queue_workload(count: int) -> None:
 
     async def main() -> None:
         from iproto_server import codec
+        from iproto_server.dispatch import PENDING
         from iproto_server.session import Session
 
         server = Server(load_config(config_path), handle_signals=False)
@@ -147,12 +151,14 @@ def queue_workload(count: int) -> None:
                 answers.clear()
                 arrived = trio.Event()
                 expected = len(frames)
+                out = bytearray()
                 for data in frames:
                     decoder.feed(data)
-                    result = dispatcher.handle(session, decoder.next_event(), reply)
-                    if type(result) is bytes:
-                        reply(result)
-                    elif result is not None:
+                    result = dispatcher.handle(session, decoder.next_event(), out, reply)
+                    if result is None:
+                        reply(bytes(out))
+                        del out[:]
+                    elif result is not PENDING:
                         nursery.start_soon(finish, result)
                 await arrived.wait()
                 return list(answers)
