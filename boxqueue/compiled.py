@@ -37,6 +37,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.procedures",
     "spaces.space_procedures",
     "storage.keys",
+    "storage.redo",
 )
 
 ROOT = Path(__file__).resolve().parent.parent
