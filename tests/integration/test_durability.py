@@ -142,3 +142,26 @@ def test_kill_9_during_checkpoints_loses_no_acknowledged_write(tmp_path):
         assert "checkpoint failed" not in srv.log()
     finally:
         srv.kill()
+
+
+def test_a_damaged_log_stops_the_server_with_a_clear_message(tmp_path):
+    srv = ServerProcess(tmp_path / "srv", extra_config=TEST_SPACES, wal_config="checkpoint_interval_s = 3600")
+    try:
+        srv.start()
+        c = tarantool.connect("127.0.0.1", srv.port)
+        for i in range(20):  # one group each: a log of many records
+            c.replace("test", (i, "logged"))
+        c.close()
+        srv.kill()  # the log stays: no checkpoint has run since the start
+        [segment] = sorted((srv.workdir / "data" / "wal").glob("*.wal"))
+        data = bytearray(segment.read_bytes())
+        data[8 + 20] ^= 0xFF  # the first record's payload; valid records follow it
+        segment.write_bytes(bytes(data))
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            srv.start(timeout=30)
+        log = srv.log()
+        assert "damaged record at byte 8" in log and segment.name in log
+        assert "Traceback" not in log
+        assert segment.read_bytes() == bytes(data)  # nothing was deleted or rewritten
+    finally:
+        srv.kill()
