@@ -13,12 +13,13 @@ name, the main database by ``None``; only handles opened through
 :meth:`storage.environment.Storage.db` have a name, and a write through any other handle fails
 rather than go unlogged. Databases must not be ``dupsort`` (none of ours is).
 
-The operations are tuples packed with msgpack, one list per group:
+The operations of a group are one flat msgpack array, four items an operation (flat, of exact
+types only, because packing it is part of every write's cost):
 
-* ``(PUT, name, key, value)``
-* ``(DELETE, name, key)``
-* ``(DROP, name, delete)`` (``delete`` false: emptied; true: removed)
-* ``(CREATE, name)``
+* ``PUT, name, key, value``
+* ``DELETE, name, key, nil``
+* ``DROP, name, delete, nil`` (``delete`` false: emptied; true: removed)
+* ``CREATE, name, nil, nil``
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DELETE = 1
 DROP = 2
 CREATE = 3
 
-Op = tuple[Any, ...]
+Op = tuple[Any, Any, Any, Any]
 
 
 class UnloggedDatabase(Exception):
@@ -44,15 +45,16 @@ class UnloggedDatabase(Exception):
 class RedoTxn:
     """A write transaction that notes each change it makes (see the module docstring).
 
-    ``txn`` is the real transaction; ``ops`` the changes so far, in order; ``names`` maps the
-    database handles of :class:`storage.environment.Storage` to their names.
+    ``txn`` is the real transaction; ``ops`` the changes so far, in order, four items each (see
+    :meth:`operations`); ``names`` maps the database handles of
+    :class:`storage.environment.Storage` to their names.
     """
 
     __slots__ = ("txn", "ops", "_names")
 
     def __init__(self, txn: lmdb.Transaction, names: dict[Any, bytes | None]) -> None:
         self.txn = txn
-        self.ops: list[Op] = []
+        self.ops: list[Any] = []
         self._names = names
 
     def _name(self, db: Any) -> bytes | None:
@@ -93,14 +95,14 @@ class RedoTxn:
         except KeyError:
             name = self._name(db)
         if self.txn.put(key, value, dupdata, overwrite, append, db):
-            self.ops.append((PUT, name, key, value))
+            self.ops += (PUT, name, key, value)
             return True
         return False
 
     def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
         name = self._name(db)
         old = self.txn.replace(key, value, db)
-        self.ops.append((PUT, name, key, value))
+        self.ops += (PUT, name, key, value)
         return old
 
     def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
@@ -109,7 +111,7 @@ class RedoTxn:
         except KeyError:
             name = self._name(db)
         if self.txn.delete(key, value, db):
-            self.ops.append((DELETE, name, key))
+            self.ops += (DELETE, name, key, None)
             return True
         return False
 
@@ -117,24 +119,32 @@ class RedoTxn:
         name = self._name(db)
         old = self.txn.pop(key, db)
         if old is not None:
-            self.ops.append((DELETE, name, key))
+            self.ops += (DELETE, name, key, None)
         return old
 
     def drop(self, db: Any, delete: bool = True) -> None:
         name = self._name(db)
         self.txn.drop(db, delete)
-        self.ops.append((DROP, name, bool(delete)))
+        self.ops += (DROP, name, bool(delete), None)
 
     def created(self, name: bytes) -> None:
         """Note that the named database ``name`` was opened with ``create=True`` in this
         transaction (called by :meth:`storage.environment.Storage.db`)."""
-        self.ops.append((CREATE, name))
+        self.ops += (CREATE, name, None, None)
 
     # -- the record ------------------------------------------------------------------------
 
+    def operations(self) -> list[Op]:
+        """The changes so far, one tuple each (for reading; :attr:`ops` is flat)."""
+        ops = self.ops
+        return [tuple(ops[i : i + 4]) for i in range(0, len(ops), 4)]
+
     def encode(self) -> bytes:
         """The operations so far, as the payload of one log record."""
-        return msgpack.packb(self.ops, use_bin_type=True)
+        try:
+            return msgpack.packb(self.ops, use_bin_type=True, strict_types=True)
+        except TypeError:  # a subclass of bytes somewhere: the slower, lenient packer takes it
+            return msgpack.packb(self.ops, use_bin_type=True)
 
 
 class RedoCursor:
@@ -163,24 +173,24 @@ class RedoCursor:
 
     def put(self, key: bytes, value: bytes, dupdata: bool = True, overwrite: bool = True, append: bool = False) -> bool:
         if self._cursor.put(key, value, dupdata, overwrite, append):
-            self._redo.ops.append((PUT, self._name, key, value))
+            self._redo.ops += (PUT, self._name, key, value)
             return True
         return False
 
     def delete(self, dupdata: bool = False) -> bool:
         key = self._cursor.key()
         if self._cursor.delete(dupdata):
-            self._redo.ops.append((DELETE, self._name, key))
+            self._redo.ops += (DELETE, self._name, key, None)
             return True
         return False
 
 
 def decode(payload: bytes) -> list[Op]:
     """The operations of one log record's payload."""
-    ops = msgpack.unpackb(payload, use_list=False, raw=True)
-    if type(ops) is not tuple:
-        raise ValueError("a redo payload is a list of operations")
-    return list(ops)
+    flat = msgpack.unpackb(payload, use_list=False, raw=True)
+    if type(flat) is not tuple or len(flat) % 4:
+        raise ValueError("a redo payload is a list of operations, four items each")
+    return [flat[i : i + 4] for i in range(0, len(flat), 4)]
 
 
 OpenDb = Callable[[bytes | None, lmdb.Transaction, bool], Any]

@@ -47,11 +47,23 @@ def test_only_changes_that_took_effect_are_noted(env):
         assert txn.pop(b"k", db=db) == b"3"
         assert txn.pop(b"k", db=db) is None
         assert txn.stat(db)["entries"] == 0
-        assert txn.ops == [
+        assert txn.operations() == [
             (redo.PUT, b"a", b"k", b"1"),
             (redo.PUT, b"a", b"k", b"3"),
-            (redo.DELETE, b"a", b"k"),
+            (redo.DELETE, b"a", b"k", None),
         ]
+        assert redo.decode(txn.encode()) == txn.operations()
+
+
+def test_values_of_bytes_subclasses_are_logged_too(env):
+    class Raw(bytes):
+        pass
+
+    db = env.open_db(b"a")
+    with env.begin(write=True) as raw:
+        txn = redo.RedoTxn(raw, {db: b"a", None: None})
+        txn.put(Raw(b"k"), Raw(b"v"), db=db)
+        assert redo.decode(txn.encode()) == [(redo.PUT, b"a", b"k", b"v")]
 
 
 def test_a_handle_without_a_name_cannot_write(env):
@@ -76,7 +88,7 @@ def test_cursor_writes_are_noted_and_reads_pass_through(env):
             assert cur.put(b"k9", b"w")
             with pytest.raises(AttributeError):
                 cur.putmulti([(b"x", b"y")])
-        assert txn.ops[-2:] == [(redo.DELETE, b"a", b"k1"), (redo.PUT, b"a", b"k9", b"w")]
+        assert txn.operations()[-2:] == [(redo.DELETE, b"a", b"k1", None), (redo.PUT, b"a", b"k9", b"w")]
 
 
 def test_replay_rebuilds_the_same_state_and_is_idempotent(env, tmp_path):
@@ -134,3 +146,5 @@ def test_replay_rebuilds_the_same_state_and_is_idempotent(env, tmp_path):
 def test_a_payload_that_is_not_a_list_of_operations_is_refused():
     with pytest.raises(ValueError):
         redo.decode(b"\x01")
+    with pytest.raises(ValueError):
+        redo.decode(b"\x93\x00\xc0\xc0")  # three items: not whole operations
