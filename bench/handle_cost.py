@@ -36,6 +36,7 @@ def workload(count: int, what: str) -> None:
     from iproto_server import codec
     from iproto_server.builtins import register_builtins
     from iproto_server.dispatch import Dispatcher
+    from iproto_server.outbox import Outbox
     from iproto_server.session import Session
     from spaces.catalog import Catalog
     from spaces.definitions import FieldDef
@@ -75,12 +76,11 @@ def workload(count: int, what: str) -> None:
             dispatcher = Dispatcher(catalog, procedures)
             session = Session(1, catalog.access.guest)
             decoder = codec.RequestDecoder()
-            answers: list[bytes] = []
-            out = bytearray()
+            outbox = Outbox(1 << 30)
             for _ in range(count):
                 decoder.feed(frame)
-                dispatcher.handle(session, decoder.next_event(), out, answers.append)
-                del out[:]
+                dispatcher.handle(session, decoder.next_event(), outbox)
+                outbox.take()
             await trio.sleep(0.01)  # let queued writes commit
             nursery.cancel_scope.cancel()
         storage.close()
@@ -126,6 +126,7 @@ def queue_workload(count: int) -> None:
     async def main() -> None:
         from iproto_server import codec
         from iproto_server.dispatch import PENDING
+        from iproto_server.outbox import Outbox
         from iproto_server.session import Session
 
         server = Server(load_config(config_path), handle_signals=False)
@@ -134,34 +135,23 @@ def queue_workload(count: int) -> None:
             dispatcher = server.dispatcher
             session = Session(1, server.catalog.access.guest)
             decoder = codec.RequestDecoder()
-            answers: list[bytes] = []
-            arrived = trio.Event()
-            expected = 0
-
-            def reply(answer: bytes) -> None:
-                answers.append(answer)
-                if len(answers) == expected:
-                    arrived.set()
+            outbox = Outbox(1 << 30)
 
             async def finish(coro: Any) -> None:
-                reply(await coro)
+                outbox.reply_later(await coro)
 
             async def round_of(frames: list[bytes]) -> list[bytes]:
-                nonlocal arrived, expected
-                answers.clear()
-                arrived = trio.Event()
-                expected = len(frames)
-                out = bytearray()
                 for data in frames:
                     decoder.feed(data)
-                    result = dispatcher.handle(session, decoder.next_event(), out, reply)
-                    if result is None:
-                        reply(bytes(out))
-                        del out[:]
-                    elif result is not PENDING:
-                        nursery.start_soon(finish, result)
-                await arrived.wait()
-                return list(answers)
+                    result = dispatcher.handle(session, decoder.next_event(), outbox)
+                    if result is not None:
+                        outbox.inflight += 1
+                        if result is not PENDING:
+                            nursery.start_soon(finish, result)
+                while outbox.inflight:
+                    outbox.reader_waiting = trio.Event()
+                    await outbox.reader_waiting.wait()
+                return _packets(outbox.take())
 
             data = "x" * 64
             for first in range(0, count, QUEUE_ROUND):
@@ -176,6 +166,16 @@ def queue_workload(count: int) -> None:
         trio.run(main)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _packets(data: bytes | bytearray) -> list[bytes]:
+    """Whole response packets (0xCE length prefix) from a buffer of them."""
+    out, pos = [], 0
+    while pos < len(data):
+        end = pos + 5 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+        out.append(bytes(data[pos:end]))
+        pos = end
+    return out
 
 
 def _task_id(answer: bytes) -> str:

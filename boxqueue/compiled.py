@@ -25,6 +25,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "iproto_server.codec",
     "iproto_server.dispatch",
     "iproto_server.session",
+    "iproto_server.outbox",
     "iproto_server.request_stats",
     "iproto_server.builtins",
     "spaces.space",
