@@ -18,6 +18,15 @@ cdef class Index:
     cdef public object db
 
 
+cdef class Space
+
+
+cdef class _ReplaceOnly:
+    cdef Space space
+    cdef bytes pk_stored
+    cdef bytes raw
+
+
 cdef class Space:
     cdef public object storage
     cdef public object committer

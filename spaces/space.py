@@ -186,6 +186,22 @@ class IndexLookup:
 
 
 @cython.cclass
+class _ReplaceOnly:
+    """A REPLACE into a space with no secondary index: one put (a callable object rather than a
+    closure, which costs more to make on every write)."""
+
+    def __init__(self, space: Space, pk_stored: bytes, raw: bytes) -> None:
+        self.space = space
+        self.pk_stored = pk_stored
+        self.raw = raw
+
+    def __call__(self, txn: lmdb.Transaction) -> bytes:
+        self.space._check_alive()
+        txn.put(self.pk_stored, self.raw, True, True, False, self.space.primary.db)
+        return self.raw
+
+
+@cython.cclass
 class Space:
     """Tuples of one user space, with their indexes."""
 
@@ -399,14 +415,7 @@ class Space:
         new_entries = self._entries(fields, pk)
 
         if mode == REPLACE and not self.secondaries:
-            pk_stored, primary_db = new_entries[0][1], primary.db
-
-            def replace_only(txn: lmdb.Transaction) -> bytes:
-                self._check_alive()
-                txn.put(pk_stored, raw, db=primary_db)
-                return raw
-
-            return replace_only
+            return _ReplaceOnly(self, new_entries[0][1], raw)
 
         def write(txn: lmdb.Transaction) -> bytes:
             self._check_alive()
