@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 3
 FEATURES: list[int] = []
 
-EvalHandler = Callable[[Session, str, list[Any]], Awaitable[list[Any]]]
+# The values at once (a chunk that finished on the event loop), or an awaitable producing them.
+EvalHandler = Callable[[Session, str, list[Any]], "list[Any] | Awaitable[list[Any]]"]
 Reply = Callable[[bytes], None]
 
 
@@ -395,9 +396,11 @@ class Dispatcher:
         self.access.check(session.user, acl.EXECUTE, acl.UNIVERSE, "")
         if self.eval_handler is None:
             raise BoxError(ER.UNSUPPORTED, "boxqueue", "EVAL (no Lua engine is configured)")
-        return self._run_eval(session, expr, args)
+        values = self.eval_handler(session, expr, args)
+        if type(values) is list:
+            return codec.data_body(values)
+        return self._run_eval(values)
 
-    async def _run_eval(self, session: Session, expr: str, args: list[Any]) -> bytes:
-        assert self.eval_handler is not None
-        values = await self.eval_handler(session, expr, args)
-        return codec.data_body(list(values))
+    @staticmethod
+    async def _run_eval(running: Awaitable[list[Any]]) -> bytes:
+        return codec.data_body(list(await running))

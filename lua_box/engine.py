@@ -3,47 +3,58 @@
 One runtime serves the whole server, like Tarantool's one Lua state: globals and functions
 defined from the console or EVAL are visible to every later chunk and to CALL.
 
-A job (a console statement, an EVAL chunk, a CALL of a Lua function) is a Lua coroutine. The
-driver resumes it in the Lua thread (one thread, as the runtime is one Lua state; lupa releases
-the GIL while Lua runs, so the event loop keeps serving other connections even while a chunk
-computes). Whenever the chunk calls into ``box``, the coroutine yields the request; the driver
-runs it on the event loop, awaiting it if it waits (a commit, a queue take), and resumes the
-coroutine with the answer. So nothing blocks the loop, and Python objects (LMDB read
-transactions above all) are only touched on the loop. The Lua thread lives inside
-:meth:`LuaEngine.run`, a task of the server's root nursery; steps reach it through a queue and
-their results come back through the trio token.
+A job (a console statement, an EVAL chunk, a CALL of a Lua function) is a Lua coroutine. Whenever
+it calls into ``box`` it yields the request; the driver runs it on the event loop, awaiting it if
+it waits (a commit, a queue take), and resumes the coroutine with the answer. Python objects
+(LMDB read transactions above all) are only touched on the loop.
+
+Where the Lua runs:
+
+* **On the event loop first.** A job starts right in the request's handler, and an EVAL or CALL
+  that finishes without waiting is answered at once, with no task and no thread. A count hook
+  that yields (LuaJIT's own ``lua_yield`` as the hook, see box.lua) hands control back every
+  ``HOOK_INTERVAL`` VM instructions, so the driver can check the job's time limit and how long it
+  has held the loop: after ``LOOP_SLICE_S`` of Lua it goes on in the Lua thread.
+* **In the Lua thread** for what would hold the loop: long computations, and C functions that call
+  back into Lua (a ``table.sort`` comparator...), which cannot yield. The thread lives inside
+  :meth:`LuaEngine.run`, a task of the server's root nursery; lupa releases the GIL while Lua
+  runs there, so the loop serves everyone meanwhile. Jobs in the thread take turns: one that ran
+  ``THREAD_SLICE_S`` gives way when others wait.
+
+One Lua state cannot be used by two threads at once: ``_lock`` guards it. The loop only ever
+tries it (a job starts in the thread when the thread holds it); the thread waits for it.
 
 Limits: a job may run Lua for ``time_limit_s`` seconds in all (time spent waiting for ``box``
-operations does not count), checked by a count hook every 10,000 VM instructions; the JIT is
-off because count hooks do not fire inside compiled traces. The whole runtime may allocate
-``memory_limit_bytes`` (lupa's allocator limit); a job that hits it fails, and garbage is
-collected with the limit lifted for a moment so the next job has room again. User code cannot
-catch either error (``pcall`` passes them on).
+operations does not count); the JIT is off because count hooks do not fire inside compiled
+traces. The whole runtime may allocate ``memory_limit_bytes`` (lupa's allocator limit); a job that
+hits it fails, and garbage is collected with the limit lifted for a moment so the next job has
+room again. User code cannot catch either error (``pcall`` passes them on).
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import logging
 import queue
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from typing import Any
 
-import outcome
 import trio
 from lupa import luajit21
 
-from errcodes import ER, BoxError
+from errcodes import ER, FORMATS, BoxError
+from lua_box.chunk_cache import ChunkCache
+from lua_box.count_hook import CountHook
 from lua_box.operations import Job, Operations
 from lua_box.persisted_functions import PersistedFunctions
 from lua_box.persisted_users import PersistedUsers
-from lua_box.values import LuaValues
+from lua_box.values import MAX_DEPTH, MAX_RESULT_VALUES, LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
 from spaces.space import StorageError
@@ -51,6 +62,11 @@ from spaces.space import StorageError
 log = logging.getLogger(__name__)
 
 SWITCH_INTERVAL_S = 0.0005
+HOOK_INTERVAL = 10_000  # VM instructions between two looks at a job's time (20-60 us of Lua)
+LOOP_SLICE_S = 0.001  # Lua a job may run on the event loop before it moves to the Lua thread
+THREAD_SLICE_S = 0.005  # Lua a job runs in the thread before it lets waiting jobs in
+
+_now = time.monotonic
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,31 @@ class Outcome:
     ok: bool
     values: list[Any]
     error: BoxError | None = None
+
+
+_NO_ANSWER = (True, [])
+
+
+class _Run:
+    """A job on its way: its coroutine and where the driver stands with it."""
+
+    __slots__ = ("job", "raw", "prepare", "co", "spent", "answer", "pending", "operation",
+                 "hooked", "to_thread", "outcome", "names", "cancelled")
+
+    def __init__(self, job: Job, raw: bool, prepare: tuple[Any, ...]) -> None:
+        self.job = job
+        self.raw = raw  # tuples come back as Raw (the console prints them in flow style)
+        self.prepare = prepare  # how to get the function and arguments: (callable, *args)
+        self.co: Any = None
+        self.spent = 0.0  # Lua run time so far
+        self.answer: tuple[bool, Any] | None = None  # what to resume the coroutine with
+        self.pending: Awaitable[Any] | None = None  # an operation being awaited
+        self.operation: tuple[bytes, list[Any]] | None = None  # one to run on the loop
+        self.hooked = False  # paused by the yielding hook (which the driver turned off)
+        self.to_thread = False
+        self.outcome: Outcome | None = None
+        self.names: tuple[list[str], list[str], list[str]] | None = None  # user globals, when they changed
+        self.cancelled = False
 
 
 class LuaEngine:
@@ -88,30 +129,43 @@ class LuaEngine:
             max_memory=limits.memory_limit_bytes,
         )
         printed = logging.getLogger("lua_box.print")
+        self._limit_message = f"Lua time limit exceeded ({limits.time_limit_s:g} s)"
+        self._memory_message = f"Lua memory limit exceeded ({limits.memory_limit_bytes} bytes)"
         values_for_init = {
             b"clock": time.monotonic,
             b"log": lambda text: printed.info("%s", text.decode("utf-8", "replace")),
-            b"limit_message": f"Lua time limit exceeded ({limits.time_limit_s:g} s)".encode(),
-            b"memory_message": f"Lua memory limit exceeded ({limits.memory_limit_bytes} bytes)".encode(),
+            b"limit_message": self._limit_message.encode(),
+            b"memory_message": self._memory_message.encode(),
+            b"lupa_library": luajit21.__file__.encode(),
+            b"hook_interval": HOOK_INTERVAL,
+            b"max_values": MAX_RESULT_VALUES,
+            b"max_depth": MAX_DEPTH,
+            b"no_such_proc_code": int(ER.NO_SUCH_PROC),
+            b"no_such_proc_format": FORMATS[ER.NO_SUCH_PROC].encode(),
         }
         prelude = resources.files("lua_box").joinpath("box.lua").read_bytes()
         init = self._lua.table_from(values_for_init)
         self._internal = self._lua.execute(prelude, init)
         self.values = LuaValues(self._lua, self._internal)
         init[b"cfg"] = self.values.to_lua(cfg or {})  # read lazily by box.cfg
-        self._start = self._internal[b"start"]
-        self._resume = self._internal[b"resume"]
-        self._forget = self._internal[b"forget"]
+        self._hook = CountHook(int(self._internal[b"state_address"]), HOOK_INTERVAL)
+        self._state = self._internal[b"state"]
+        self._job_body = self._internal[b"job_body"]
+        self._call_global = self._internal[b"call_global"]
+        self._new_error = self._internal[b"new_error"]
         self._compile = self._internal[b"compile"]
-        self._global_function = self._internal[b"global_function"]
         self._user_functions = self._internal[b"user_functions"]
         self._collect = self._internal[b"collect"]
-        self._ids = itertools.count(1)
+        self.chunks = ChunkCache()
+        self._lock = threading.Lock()  # who may use the Lua state (see the module's docstring)
+        self._schema_version: int | None = None  # as box.lua last saw it
+        self._globals_seen = 0
         self._steps: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._token: trio.lowlevel.TrioToken | None = None
         self._lua_procedures: set[str] = set()
         self._lua_tables: frozenset[str] = frozenset()
-        procedures.add_resolver(self._resolve_in_table)
+        self._lua_globals: frozenset[str] = frozenset()
+        procedures.add_resolver(self._resolve_user_global)
         self._define_persisted()
 
     def _define_persisted(self) -> None:
@@ -123,29 +177,58 @@ class LuaEngine:
             ok, why = define(name.encode(), body.encode())
             if not ok:
                 log.warning("persisted Lua function %s is not defined: %s", name, self.values.from_lua(why, False))
-        self._sync_functions(self._function_names())
+        self._sync_functions(self._user_globals())
 
     # -- entry points ------------------------------------------------------------------------
 
-    async def eval(self, ctx: CallContext, code: str, args: list[Any]) -> list[Any]:
-        """IPROTO_EVAL: the chunk's return values; its error as a BoxError."""
-
-        def prepare() -> tuple[Any, list[Any]] | BoxError:
-            fn, err = self._compile(code.encode(), b"=eval")
-            if fn is None:
-                return BoxError(ER.PROC_LUA, message=self.values.from_lua(err, False))
-            return fn, list(args)
-
-        outcome = await self._run(Job(ctx), prepare, tuples_as_raw=False)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.values
+    def eval(self, ctx: CallContext, code: str, args: list[Any]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
+        """IPROTO_EVAL: the chunk's return values at once when it finished on the event loop,
+        else a coroutine that produces them; its error raised as a BoxError either way."""
+        result = self._submit(Job(ctx), (self._prepare_eval, code, args), raw=False)
+        if type(result) is Outcome:
+            if result.error is not None:
+                raise result.error
+            return result.values
+        return self._values_of(result)
 
     async def console(self, ctx: CallContext, line: str,
                       set_delimiter: Callable[[str], None] | None = None) -> Outcome:
         """A console statement: tried as ``return <line>`` first, as Tarantool's console does."""
+        result = self._submit(Job(ctx, set_delimiter), (self._prepare_statement, line), raw=True)
+        if type(result) is Outcome:
+            return result
+        return await result
 
-        def prepare() -> tuple[Any, list[Any]] | BoxError:
+    def call_function(self, ctx: CallContext, name: str, args: tuple[Any, ...]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
+        """CALL of a global Lua function defined from the console or EVAL (as :meth:`eval`)."""
+        result = self._submit(Job(ctx), (self._prepare_call, name, args), raw=False)
+        if type(result) is Outcome:
+            if result.error is not None:
+                raise result.error
+            return result.values
+        return self._values_of(result)
+
+    @staticmethod
+    async def _values_of(running: Awaitable[Outcome]) -> list[Any]:
+        outcome = await running
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.values
+
+    # -- what a job runs (called with the Lua state held) -------------------------------------
+
+    def _prepare_eval(self, code: str, args: list[Any]) -> tuple[Any, tuple[Any, ...]] | BoxError:
+        fn = self.chunks.get(b"=eval", code)
+        if fn is None:
+            fn, err = self._compile(code.encode(), b"=eval")
+            if fn is None:
+                return BoxError(ER.PROC_LUA, message=self.values.from_lua(err, False))
+            self.chunks.put(b"=eval", code, fn)
+        return fn, self.values.args(args)
+
+    def _prepare_statement(self, line: str) -> tuple[Any, tuple[Any, ...]] | BoxError:
+        fn = self.chunks.get(b"", line)
+        if fn is None:
             code = line.encode("utf-8", "surrogateescape")
             fn, err = self._compile(b"return " + code, b"return " + code)  # Tarantool's chunk names
             if fn is None:
@@ -154,23 +237,236 @@ class LuaEngine:
                 error = BoxError(ER.PROC_LUA, message=self.values.from_lua(err, False))
                 error.console_value = error.message  # type: ignore[attr-defined]
                 return error
-            return fn, []
+            self.chunks.put(b"", line, fn)
+        return fn, ()
 
-        return await self._run(Job(ctx, set_delimiter), prepare, tuples_as_raw=True)
+    def _prepare_call(self, name: str, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        return self._call_global, (name.encode(), *self.values.args(args))
 
-    async def call_function(self, ctx: CallContext, name: str, args: tuple[Any, ...]) -> list[Any]:
-        """CALL of a global Lua function defined from the console or EVAL."""
+    # -- the driver ----------------------------------------------------------------------------
 
-        def prepare() -> tuple[Any, list[Any]] | BoxError:
-            fn, obj = self._global_function(name.encode())
-            if fn is None:
-                return BoxError(ER.NO_SUCH_PROC, name)
-            return fn, [obj, *args] if obj is not None else list(args)
+    def _submit(self, job: Job, prepare: tuple[Any, ...], raw: bool) -> Outcome | Coroutine[Any, Any, Outcome]:
+        """Run the job on the event loop as far as it goes: its Outcome when it finished there,
+        else a coroutine that finishes it."""
+        run = _Run(job, raw, prepare)
+        if self._lock.acquire(False):
+            try:
+                self._on_loop(run)
+            finally:
+                self._lock.release()
+            outcome = run.outcome
+            if outcome is not None:
+                if run.names is not None:
+                    self._sync_functions(run.names)
+                return outcome
+        return self._finish(run)
 
-        outcome = await self._run(Job(ctx), prepare, tuples_as_raw=False)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.values
+    async def _finish(self, run: _Run) -> Outcome:
+        """The rest of a job that could not finish on the loop at once."""
+        try:
+            while run.outcome is None:
+                if run.operation is not None:
+                    name, args = run.operation
+                    run.operation = None
+                    answer = self._operate(run.job, name, args)
+                    if type(answer) is tuple:
+                        run.answer = answer
+                    else:
+                        run.pending = answer
+                if run.pending is not None:
+                    pending, run.pending = run.pending, None
+                    run.answer = await self._answer_of(pending)
+                    run.to_thread = False  # the next stretch may well be short
+                elif run.answer is not None and not run.to_thread:
+                    # a quick operation, and the job had its share of the loop: let others in
+                    await trio.lowlevel.checkpoint()
+                if not run.to_thread and self._lock.acquire(False):
+                    try:
+                        self._on_loop(run)
+                    finally:
+                        self._lock.release()
+                else:
+                    await self._in_lua_thread(run)
+        finally:
+            if run.outcome is None:  # cancelled: the job is dropped where it stands
+                run.cancelled = True
+        if run.names is not None:
+            self._sync_functions(run.names)
+        return run.outcome
+
+    def _on_loop(self, run: _Run) -> None:
+        """Run the job on the event loop (holding the state) until it finishes, waits for an
+        operation, or has had LOOP_SLICE_S; quick operations are answered on the way."""
+        began = _now()
+        while True:
+            self._resume(run, True)
+            if run.outcome is not None or run.pending is not None or run.to_thread:
+                return
+            if run.operation is not None:
+                name, args = run.operation
+                run.operation = None
+                answer = self._operate(run.job, name, args)
+                if type(answer) is not tuple:
+                    run.pending = answer
+                    return
+                run.answer = answer
+                if _now() - began > LOOP_SLICE_S:
+                    return
+            elif _now() - began > LOOP_SLICE_S:  # the hook fired and the loop's share is spent
+                self._pause(run)
+                run.to_thread = True
+                return
+
+    def _thread_slice(self, run: _Run) -> bool:
+        """Run the job in the Lua thread (holding the state) until it finishes or asks for an
+        operation; True when it had THREAD_SLICE_S and steps others queued should go first."""
+        if run.cancelled:
+            return False
+        self._state[b"on_loop"] = False
+        self._state[b"deadline"] = _now() + max(self.limits.time_limit_s - run.spent, 0.0)
+        began = _now()
+        try:
+            while True:
+                self._resume(run, False)
+                if run.outcome is not None or run.operation is not None:
+                    run.to_thread = False
+                    return False
+                if run.answer is None:  # the yielding hook fired (and is still on)
+                    if run.cancelled:
+                        self._pause(run)
+                        return False
+                    if _now() - began > THREAD_SLICE_S and not self._steps.empty():
+                        self._pause(run)
+                        return True
+        finally:
+            self._state[b"on_loop"] = True
+
+    def _pause(self, run: _Run) -> None:
+        """Leave a job that the yielding hook stopped: no hook while other Lua runs."""
+        self._hook.off()
+        run.hooked = True
+
+    def _resume(self, run: _Run, on_loop: bool) -> None:
+        """One resume of the job's coroutine, and what came of it (see job_body in box.lua)."""
+        values = self.values
+        try:
+            version = self._catalog.schema_version
+            if version != self._schema_version:
+                self._state[b"schema_version"] = version
+                self._schema_version = version
+            if run.co is None:
+                prepare = run.prepare
+                prepared = prepare[0](*prepare[1:])
+                if type(prepared) is BoxError:
+                    run.outcome = Outcome(False, [], prepared)
+                    return
+                fn, args = prepared
+                run.co = self._job_body.coroutine(fn, *args)
+                resume_with = None
+            else:
+                answer = run.answer
+                run.answer = None
+                if answer is None:
+                    resume_with = None
+                elif answer[0]:
+                    resume_with = (True, *values.args(answer[1]))
+                else:
+                    error = answer[1]
+                    resume_with = (False, self._new_error(error.code, error.message.encode(), error.error_type.encode()))
+            if run.hooked:
+                self._hook.yielding()
+                run.hooked = False
+            began = _now()
+            try:
+                out = run.co.send(resume_with)
+            finally:
+                run.spent += _now() - began
+            if out is None:  # the yielding hook: the time limit is checked here
+                if run.spent > self.limits.time_limit_s:
+                    self._hook.off()
+                    run.outcome = self._failure(self._limit_message)
+                return
+            tag = out[0]
+            if tag == b"op":
+                name = out[1]
+                if name == b"to_thread":
+                    run.answer = _NO_ANSWER
+                    if on_loop:
+                        run.to_thread = True
+                    return
+                run.operation = (name, values.from_results(out, 2, False))
+                return
+            if tag != b"done":
+                self._hook.off()
+                run.outcome = self._failure("unexpected yield from a coroutine outside any coroutine.wrap")
+                return
+            globals_made = out[1]
+            if globals_made != self._globals_seen or globals_made < 0:
+                self._globals_seen = globals_made
+                run.names = self._user_globals()
+            if out[2]:
+                run.outcome = Outcome(True, values.from_results(out, 3, run.raw))
+                return
+            error = values.error(out[3], out[4], out[5], out[6])
+            run.outcome = Outcome(False, [], error)
+            if error.message == self._memory_message:
+                self._collect_garbage()
+        except (luajit21.LuaMemoryError, MemoryError):
+            self._hook.off()
+            run.co = None
+            self._collect_garbage()
+            run.outcome = self._failure(self._memory_message)
+        except BoxError as exc:
+            self._hook.off()
+            exc.console_value = exc.message  # type: ignore[attr-defined]
+            run.outcome = Outcome(False, [], exc)
+        except Exception as exc:  # a bug on our side: this job fails, the engine goes on
+            self._hook.off()
+            log.exception("a Lua job failed in the driver")
+            run.outcome = self._failure(f"internal error: {type(exc).__name__}")
+
+    @staticmethod
+    def _failure(message: str) -> Outcome:
+        error = BoxError(ER.PROC_LUA, message=message)
+        error.console_value = message  # type: ignore[attr-defined]
+        return Outcome(False, [], error)
+
+    def _operate(self, job: Job, name: bytes, args: list[Any]) -> tuple[bool, Any] | Awaitable[Any]:
+        """A box operation on the event loop: its answer, or what to await for it."""
+        try:
+            result = self.operations.get(name.decode())(job, *args)
+            if type(result) is list:
+                return (True, result)
+            if inspect.isawaitable(result):
+                return result
+            return (True, list(result) if result is not None else [])
+        except Exception as exc:
+            return (False, self._operation_error(name, exc))
+
+    async def _answer_of(self, pending: Awaitable[Any]) -> tuple[bool, Any]:
+        try:
+            result = await pending
+        except Exception as exc:
+            return (False, self._operation_error(b"", exc))
+        return (True, list(result) if result is not None else [])
+
+    @staticmethod
+    def _operation_error(name: bytes, exc: Exception) -> BoxError:
+        if isinstance(exc, BoxError):
+            return exc
+        if isinstance(exc, StorageError):
+            log.error("storage failure in a box operation from Lua: %s", exc)
+            return BoxError(ER.WAL_IO)
+        # a bug on our side: the chunk sees an error, the server goes on
+        log.error("box operation %s failed", name.decode(errors="replace"), exc_info=exc)
+        return BoxError(ER.PROC_LUA, message=f"{type(exc).__name__}: {exc}")
+
+    def _collect_garbage(self) -> None:
+        self._lua.set_max_memory(0)
+        try:
+            self._collect()
+        finally:
+            self._lua.set_max_memory(self.limits.memory_limit_bytes)
 
     # -- the Lua thread ----------------------------------------------------------------------
 
@@ -189,151 +485,45 @@ class LuaEngine:
                 self._steps.put(None)  # the thread ends after the steps queued before this
 
     def _thread_main(self) -> None:
-        """Run queued steps one after the other; each result goes back to the event loop."""
+        """Run queued steps one after the other."""
         while (step := self._steps.get()) is not None:
             step()
 
-    async def _in_lua_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in the Lua thread, without blocking the event loop meanwhile."""
+    async def _in_lua_thread(self, run: _Run) -> None:
+        """Run the job in the Lua thread until it finishes or asks for an operation."""
         token = self._token
         if token is None:
             raise BoxError(ER.PROC_LUA, message="the Lua engine is not running")
         finished = trio.Event()
-        results: list[outcome.Outcome] = []
-
-        def deliver(result: outcome.Outcome) -> None:
-            results.append(result)
-            finished.set()
 
         def step() -> None:
-            token.run_sync_soon(deliver, outcome.capture(fn, *args))
+            with self._lock:
+                again = self._thread_slice(run)
+            if again:
+                self._steps.put(step)
+                return
+            try:
+                token.run_sync_soon(finished.set)
+            except trio.RunFinishedError:
+                pass
 
         self._steps.put(step)
         await finished.wait()
-        return results[0].unwrap()
-
-    # -- the driver --------------------------------------------------------------------------
-
-    async def _run(self, job: Job, prepare: Callable[[], Any], *, tuples_as_raw: bool) -> Outcome:
-        job_id = next(self._ids)
-        spent = 0.0
-        step: tuple[str, Any] = ("start", prepare)
-        finished = False
-        try:
-            while True:
-                budget = max(self.limits.time_limit_s - spent, 0.0)
-                out, elapsed = await self._in_lua_thread(
-                    self._slice, job_id, budget, step, tuples_as_raw, self._catalog.schema_version
-                )
-                spent += elapsed
-                if out[0] == "done":
-                    finished = True
-                    result: Outcome = out[1]
-                    self._sync_functions(out[2])
-                    return result
-                _, name, args = out
-                step = await self._operate(job, name, args)
-        finally:
-            if not finished:
-                with trio.CancelScope(shield=True):
-                    await self._in_lua_thread(self._forget, job_id)
-
-    async def _operate(self, job: Job, name: str, args: list[Any]) -> tuple[str, Any]:
-        try:
-            result = self.operations.get(name)(job, *args)
-            if inspect.isawaitable(result):
-                result = await result
-            return ("ok", list(result) if result is not None else [])
-        except BoxError as exc:
-            return ("error", exc)
-        except StorageError as exc:
-            log.error("storage failure in a box operation from Lua: %s", exc)
-            return ("error", BoxError(ER.WAL_IO))
-        except Exception as exc:  # a bug on our side: the chunk sees an error, the server goes on
-            log.exception("box operation %s failed", name)
-            return ("error", BoxError(ER.PROC_LUA, message=f"{type(exc).__name__}: {exc}"))
-
-    def _slice(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool,
-               version: int) -> tuple[Any, float]:
-        """Run the job until it asks for an operation or ends (in the Lua thread); also returns
-        how long that took, which counts against the job's time limit."""
-        began = time.monotonic()
-        out = self._slice_untimed(job_id, budget, step, tuples_as_raw, version)
-        return out, time.monotonic() - began
-
-    def _slice_untimed(self, job_id: int, budget: float, step: tuple[str, Any], tuples_as_raw: bool,
-                       version: int) -> tuple[Any, ...]:
-        values = self.values
-        try:
-            kind, payload = step
-            if kind == "start":
-                prepared = payload()
-                if isinstance(prepared, BoxError):
-                    return ("done", Outcome(False, [], prepared), None)
-                fn, args = prepared
-                out = self._start(job_id, budget, version, fn, values.results(args))
-            elif kind == "ok":
-                out = self._resume(job_id, budget, version, True, values.results(payload))
-            else:
-                error = payload
-                lua_error = self._internal[b"new_error"](error.code, error.message.encode(),
-                                                         error.error_type.encode())
-                out = self._resume(job_id, budget, version, False, lua_error)
-            if out[0] == b"op":
-                name = values.from_lua(out[1], False)
-                args = values.from_results(out[2], False)
-                return ("op", name, args)
-            ok, result = out[1], out[2]
-            if ok:
-                outcome = Outcome(True, values.from_results(result, tuples_as_raw))
-            else:
-                outcome = Outcome(False, [], values.error(result))
-                if outcome.error is not None and outcome.error.message == self._memory_message():
-                    self._collect_garbage()
-            return ("done", outcome, self._function_names())
-        except (luajit21.LuaMemoryError, MemoryError):
-            self._collect_garbage(job_id)
-            error = BoxError(ER.PROC_LUA, message=self._memory_message())
-            error.console_value = error.message  # type: ignore[attr-defined]
-            return ("done", Outcome(False, [], error), None)
-        except BoxError as exc:
-            self._forget(job_id)
-            exc.console_value = exc.message  # type: ignore[attr-defined]
-            return ("done", Outcome(False, [], exc), None)
-        except Exception as exc:  # a bug on our side: this job fails, the engine goes on
-            log.exception("Lua job %d failed in the driver", job_id)
-            self._forget(job_id)
-            error = BoxError(ER.PROC_LUA, message=f"internal error: {type(exc).__name__}")
-            error.console_value = error.message  # type: ignore[attr-defined]
-            return ("done", Outcome(False, [], error), None)
-
-    def _memory_message(self) -> str:
-        return f"Lua memory limit exceeded ({self.limits.memory_limit_bytes} bytes)"
-
-    def _collect_garbage(self, job_id: int | None = None) -> None:
-        self._lua.set_max_memory(0)
-        try:
-            if job_id is not None:
-                self._forget(job_id)
-            self._collect()
-        finally:
-            self._lua.set_max_memory(self.limits.memory_limit_bytes)
-
-    def _function_names(self) -> tuple[list[str], list[str]]:
-        functions, tables = self._user_functions()
-        return (
-            [functions[i].decode() for i in range(1, len(functions) + 1)],
-            [tables[i].decode() for i in range(1, len(tables) + 1)],
-        )
 
     # -- Lua functions as procedures ---------------------------------------------------------
 
-    def _sync_functions(self, names: tuple[list[str], list[str]] | None) -> None:
+    def _user_globals(self) -> tuple[list[str], list[str], list[str]]:
+        """The global names user code made, as functions, tables and the rest (in Lua)."""
+        lists = self._user_functions()
+        return tuple(  # type: ignore[return-value]
+            [names[i].decode() for i in range(1, len(names) + 1)] for names in lists
+        )
+
+    def _sync_functions(self, names: tuple[list[str], list[str], list[str]]) -> None:
         """Make the global Lua functions callable over CALL (on the event loop)."""
-        if names is None:
-            return
-        functions, tables = names
+        functions, tables, others = names
         self._lua_tables = frozenset(tables)
+        self._lua_globals = frozenset((*functions, *tables, *others))
         current = set(functions)
         for name in self._lua_procedures - current:
             self.procedures.unregister(name)
@@ -347,15 +537,19 @@ class LuaEngine:
                 ours.add(name)
         self._lua_procedures = ours
 
-    def _resolve_in_table(self, name: str) -> ProcedureEntry | None:
-        """``app.handler`` and ``app:method`` where ``app`` is a global table user code made."""
+    def _resolve_user_global(self, name: str) -> ProcedureEntry | None:
+        """``app.handler`` and ``app:method`` where ``app`` is a global table user code made;
+        also a global that held no function when the globals were last listed (a global's
+        value can change without a new name appearing): the job itself finds out."""
         head = name.split(".", 1)[0].split(":", 1)[0]
-        if head == name or head not in self._lua_tables:
+        if head == name and name not in self._lua_globals:
+            return None
+        if head != name and head not in self._lua_tables:
             return None
         return make_entry(name, self._procedure(name))
 
-    def _procedure(self, name: str) -> Callable[..., Awaitable[list[Any]]]:
-        async def call(ctx: CallContext, *args: Any) -> list[Any]:
-            return await self.call_function(ctx, name, args)
+    def _procedure(self, name: str) -> Callable[..., list[Any] | Coroutine[Any, Any, list[Any]]]:
+        def call(ctx: CallContext, *args: Any) -> list[Any] | Coroutine[Any, Any, list[Any]]:
+            return self.call_function(ctx, name, args)
 
         return call
