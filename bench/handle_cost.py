@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace
+    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | queue
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace", "queue")
+REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "queue")
 
 
 def workload(count: int, what: str) -> None:
@@ -36,9 +36,11 @@ def workload(count: int, what: str) -> None:
     from iproto_server.builtins import register_builtins
     from iproto_server.dispatch import Dispatcher
     from iproto_server.session import Session
+    from lua_box.engine import LuaEngine, LuaLimits
     from spaces.catalog import Catalog
     from spaces.definitions import FieldDef
     from spaces.procedures import Procedures
+    from spaces.space_procedures import space_method_resolver
     from storage.commit import GroupCommitter
     from storage.environment import Storage
 
@@ -47,6 +49,8 @@ def workload(count: int, what: str) -> None:
         "select": ({0: codec.SELECT, 1: 1, 5: 0}, {0x10: 512, 0x11: 0, 0x12: 1, 0x13: 0, 0x14: 0, 0x20: [42]}),
         "call": ({0: codec.CALL, 1: 1}, {0x22: "box.session.id", 0x21: []}),
         "replace": ({0: codec.REPLACE, 1: 1}, {0x10: 512, 0x21: [42, "y" * 32]}),
+        "eval": ({0: codec.EVAL, 1: 1}, {0x27: "return ...", 0x21: [42]}),
+        "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
     }
     if what == "queue":
         queue_workload(count)
@@ -71,14 +75,23 @@ def workload(count: int, what: str) -> None:
                 await space.replace(None, [i, "x" * 32])
             procedures = Procedures()
             register_builtins(procedures, catalog)
-            dispatcher = Dispatcher(catalog, procedures)
+            procedures.add_resolver(space_method_resolver(catalog))
+            lua = LuaEngine(catalog, procedures, LuaLimits())
+            await nursery.start(lua.run)
+            dispatcher = Dispatcher(
+                catalog, procedures, eval_handler=lambda session, expr, args: lua.eval(session.context, expr, args)
+            )
             session = Session(1, catalog.access.guest)
             decoder = codec.RequestDecoder()
             answers: list[bytes] = []
             for _ in range(count):
                 decoder.feed(frame)
-                dispatcher.handle(session, decoder.next_event(), answers.append)
+                answer = dispatcher.handle(session, decoder.next_event(), answers.append)
+                if type(answer) is not bytes and answer is not None:  # a request that waits
+                    answers.append(await answer)
             await trio.sleep(0.01)  # let queued writes commit
+            if answers:
+                _check_answer(answers[-1])
             nursery.cancel_scope.cancel()
         storage.close()
 
@@ -170,6 +183,18 @@ def queue_workload(count: int) -> None:
         trio.run(main)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_answer(answer: bytes) -> None:
+    """The workload measures the successful path: stop on an error answer."""
+    import msgpack
+
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(answer)
+    unpacker.unpack()  # length
+    header = unpacker.unpack()
+    if header[0] != 0:
+        raise RuntimeError(f"the request failed: {unpacker.unpack()}")
 
 
 def _task_id(answer: bytes) -> str:
