@@ -65,7 +65,7 @@ end
 local state = {schema_version = nil, on_loop = true, deadline = math.huge}
 internal.state = state
 
--- A job runs under one of two count hooks, both firing every `py.hook_interval` VM instructions:
+-- Lua runs under one of two count hooks, both firing every `py.hook_interval` VM instructions:
 --
 -- * the yielding hook is LuaJIT's own `lua_yield`, installed with `lua_sethook` through the FFI
 --   on the library lupa loaded. LuaJIT lets a count hook yield (it leaves a continuation frame
@@ -73,15 +73,17 @@ internal.state = state
 --   hook set by debug.sethook runs behind a C call and gets "attempt to yield across C-call
 --   boundary". The job's coroutine returns to the Python driver with no values, and the driver
 --   checks the time limit and the event loop's budget, then resumes it, here or in the Lua thread.
+--   It is always set, between jobs too: the driver only calls C functions of Lua's library on
+--   the main Lua state (unpack, setmetatable, loadstring...), which run no VM instructions, so
+--   the hook only ever fires inside a job. (Walking the globals, which is Lua, is done with the
+--   hook off.)
 -- * the checking hook is a Lua function (debug.sethook) that raises the time limit error once the
 --   slice's deadline has passed. It is the hook while a C function that calls back into Lua runs
 --   (a table.sort comparator, a string.gsub callback, a __tostring from string.format): there
 --   no yield is possible, and lua_yield would raise "attempt to yield across C-call boundary"
---   in user code. Such calls move the job to the Lua thread first (see `region` below), so the
---   checking hook never runs on the event loop.
---
--- Outside jobs no hook is set: the driver's own calls into Lua (value conversion, compilation)
--- run on the main Lua state, where a yield is impossible.
+--   in user code. Such calls move the job to the Lua thread first (see enter_c_callbacks), so
+--   the checking hook never runs on the event loop; the yielding hook comes back when the job
+--   next calls into Python or ends.
 local ffi = require('ffi')
 ffi.cdef[[
 typedef struct lua_State lua_State;
@@ -103,13 +105,19 @@ local lua_sethook = luajit.lua_sethook
 local yield_hook = ffi.cast('lua_Hook', luajit.lua_yield)
 local interval = py.hook_interval
 
-local function hook_yielding() lua_sethook(anchor_state, yield_hook, LUA_MASKCOUNT, interval) end
-local function hook_off() lua_sethook(anchor_state, nil, 0, 0) end
+local YIELDING, CHECKING = 1, 2
+local hook_mode = YIELDING  -- the driver sets the yielding hook once the engine is ready
+local function hook_yielding()
+    lua_sethook(anchor_state, yield_hook, LUA_MASKCOUNT, interval)
+    hook_mode = YIELDING
+end
 local function check_deadline()
     if clock() > state.deadline then error(LIMIT, 0) end
 end
-local function hook_checking() debug_sethook(check_deadline, '', interval) end
-hook_off()
+local function hook_checking()
+    debug_sethook(check_deadline, '', interval)
+    hook_mode = CHECKING
+end
 
 -- Values ------------------------------------------------------------------------------------
 
@@ -219,23 +227,12 @@ local function all_scalar(...)
     return true
 end
 
--- The items of a described table from `first` on (at most CHUNK of them), after its length.
-local CHUNK = 4000
-function internal.items(t, first)
-    local n = t.n
-    local last = first + CHUNK - 1
-    if last > n then last = n end
-    return n, unpack(t, first, last)
-end
-
-function internal.tuple(...)
-    return setmetatable({...}, tuple_mt)
-end
+internal.tuple_mt = tuple_mt
+internal.error_mt = error_mt
 
 -- Calls into Python -------------------------------------------------------------------------
 
 local function resumed(ok, ...)
-    hook_yielding()
     if ok then return ... end
     error((...), 0)
 end
@@ -246,18 +243,15 @@ local function op(name, ...)
         -- inside a C function that called back into Lua (a table.sort comparator...)
         error('attempt to yield across C-call boundary', 0)
     end
-    if all_scalar(...) then
-        hook_off()
-        return resumed(raw_yield(OP, name, ...))
-    end
+    if hook_mode ~= YIELDING then hook_yielding() end
+    if all_scalar(...) then return resumed(raw_yield(OP, name, ...)) end
     local args = describe_all(pack(...))
-    hook_off()
     return resumed(raw_yield(OP, name, unpack(args, 1, args.n)))
 end
 
 -- Jobs ----------------------------------------------------------------------------------------
 --
--- A job is a coroutine running `job_body(fn, ...)`. A resume returns to the driver:
+-- A job is `fn(...)` run by a `worker` coroutine. A resume yields to the driver:
 --   nothing                          the yielding count hook fired;
 --   'op', name, arguments...         a call into Python (see op);
 --   'done', globals, true, results...
@@ -275,26 +269,24 @@ local function failed(err)
     left = MAX_VALUES
     local described_ok, described = raw_pcall(describe, printable, 0)
     if not described_ok then described = message end
-    hook_off()
     return DONE, count_globals(), false, code, message, etype, described
 end
 
 local function settle(ok, ...)
+    if hook_mode ~= YIELDING then hook_yielding() end
     if not ok then return failed((...)) end
-    if all_scalar(...) then
-        hook_off()
-        return DONE, count_globals(), true, ...
-    end
+    if all_scalar(...) then return DONE, count_globals(), true, ... end
     local described_ok, r = raw_pcall(describe_all, pack(...))
     if not described_ok then return failed(r) end
-    hook_off()
     return DONE, count_globals(), true, unpack(r, 1, r.n)
 end
 
-function internal.job_body(fn, ...)
-    hook_yielding()
-    return settle(raw_pcall(fn, ...))
+-- A job's coroutine, kept by the driver for the next job once this one is done: the next
+-- function and its arguments come back from the yield.
+local function worker(fn, ...)
+    return worker(raw_yield(settle(raw_pcall(fn, ...))))
 end
+internal.worker = worker
 
 -- The sandbox -------------------------------------------------------------------------------
 
@@ -711,9 +703,5 @@ G.rawset = function(t, k, v)
     return rawset(t, k, v)
 end
 setmetatable(G, globals_mt)
-
-function internal.collect()
-    collectgarbage('collect')
-end
 
 return internal

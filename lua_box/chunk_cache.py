@@ -14,32 +14,21 @@ MAX_ENTRIES = 1024
 MAX_SOURCE_CHARS = 16 * 1024
 
 
-class ChunkCache:
-    """(chunk name, source) -> compiled Lua function."""
+class ChunkCache(OrderedDict[str, Any]):
+    """Source -> compiled Lua function. Look up with ``get`` and ``used`` (both C calls: this is
+    on the path of every EVAL); ``compiled`` counts what had to be compiled."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_source_chars: int = MAX_SOURCE_CHARS) -> None:
-        self._chunks: OrderedDict[tuple[bytes, str], Any] = OrderedDict()
+        super().__init__()
         self._max_entries = max_entries
         self._max_source_chars = max_source_chars
-        self.hits = 0
-        self.misses = 0
+        self.compiled = 0
+        self.used = self.move_to_end  # after a hit: most recently used
 
-    def get(self, chunkname: bytes, source: str) -> Any:
-        key = (chunkname, source)
-        fn = self._chunks.get(key)
-        if fn is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._chunks.move_to_end(key)
-        return fn
-
-    def put(self, chunkname: bytes, source: str, fn: Any) -> None:
+    def put(self, source: str, fn: Any) -> None:
+        self.compiled += 1
         if len(source) > self._max_source_chars:
             return
-        self._chunks[(chunkname, source)] = fn
-        if len(self._chunks) > self._max_entries:
-            self._chunks.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._chunks)
+        self[source] = fn
+        if len(self) > self._max_entries:
+            self.popitem(last=False)

@@ -65,6 +65,7 @@ SWITCH_INTERVAL_S = 0.0005
 HOOK_INTERVAL = 10_000  # VM instructions between two looks at a job's time (20-60 us of Lua)
 LOOP_SLICE_S = 0.001  # Lua a job may run on the event loop before it moves to the Lua thread
 THREAD_SLICE_S = 0.005  # Lua a job runs in the thread before it lets waiting jobs in
+IDLE_WORKERS = 16  # job coroutines kept for reuse
 
 _now = time.monotonic
 
@@ -90,23 +91,31 @@ _NO_ANSWER = (True, [])
 class _Run:
     """A job on its way: its coroutine and where the driver stands with it."""
 
-    __slots__ = ("job", "raw", "prepare", "co", "spent", "answer", "pending", "operation",
-                 "hooked", "to_thread", "outcome", "names", "cancelled")
+    co: Any = None
+    spent = 0.0  # Lua run time so far
+    answer: tuple[bool, Any] | None = None  # what to resume the coroutine with
+    pending: Awaitable[Any] | None = None  # an operation being awaited
+    operation: tuple[bytes, list[Any]] | None = None  # one to run on the loop
+    to_thread = False
+    outcome: Outcome | None = None
+    names: tuple[list[str], list[str], list[str]] | None = None  # user globals, when they changed
+    cancelled = False
 
-    def __init__(self, job: Job, raw: bool, prepare: tuple[Any, ...]) -> None:
-        self.job = job
+    def __init__(self, ctx: CallContext, set_delimiter: Callable[[str], None] | None, raw: bool,
+                 prepare: Callable[[Any, Any], Any], a: Any, b: Any) -> None:
+        self.ctx = ctx
+        self.set_delimiter = set_delimiter
         self.raw = raw  # tuples come back as Raw (the console prints them in flow style)
-        self.prepare = prepare  # how to get the function and arguments: (callable, *args)
-        self.co: Any = None
-        self.spent = 0.0  # Lua run time so far
-        self.answer: tuple[bool, Any] | None = None  # what to resume the coroutine with
-        self.pending: Awaitable[Any] | None = None  # an operation being awaited
-        self.operation: tuple[bytes, list[Any]] | None = None  # one to run on the loop
-        self.hooked = False  # paused by the yielding hook (which the driver turned off)
-        self.to_thread = False
-        self.outcome: Outcome | None = None
-        self.names: tuple[list[str], list[str], list[str]] | None = None  # user globals, when they changed
-        self.cancelled = False
+        self.prepare = prepare  # prepare(a, b): the function and its arguments, or a BoxError
+        self.a = a
+        self.b = b
+        self._job: Job | None = None
+
+    @property
+    def job(self) -> Job:
+        if self._job is None:
+            self._job = Job(self.ctx, self.set_delimiter)
+        return self._job
 
 
 class LuaEngine:
@@ -150,13 +159,18 @@ class LuaEngine:
         init[b"cfg"] = self.values.to_lua(cfg or {})  # read lazily by box.cfg
         self._hook = CountHook(int(self._internal[b"state_address"]), HOOK_INTERVAL)
         self._state = self._internal[b"state"]
-        self._job_body = self._internal[b"job_body"]
+        self._worker = self._internal[b"worker"]
+        self._idle: list[Any] = []  # worker coroutines waiting for a job (see worker in box.lua)
+        self._started: Any = None  # the worker _start resumed last
         self._call_global = self._internal[b"call_global"]
-        self._new_error = self._internal[b"new_error"]
-        self._compile = self._internal[b"compile"]
+        self._sandbox = self._internal[b"G"]
         self._user_functions = self._internal[b"user_functions"]
-        self._collect = self._internal[b"collect"]
-        self.chunks = ChunkCache()
+        lua_globals = self._lua.globals()  # C functions: they run no VM instruction (see box.lua)
+        self._loadstring = lua_globals[b"loadstring"]
+        self._setfenv = lua_globals[b"setfenv"]
+        self._collectgarbage = lua_globals[b"collectgarbage"]
+        self.eval_chunks = ChunkCache()
+        self.statement_chunks = ChunkCache()
         self._lock = threading.Lock()  # who may use the Lua state (see the module's docstring)
         self._schema_version: int | None = None  # as box.lua last saw it
         self._globals_seen = 0
@@ -167,6 +181,7 @@ class LuaEngine:
         self._lua_globals: frozenset[str] = frozenset()
         procedures.add_resolver(self._resolve_user_global)
         self._define_persisted()
+        self._hook.yielding()  # from now on, for good (see box.lua, Count hooks)
 
     def _define_persisted(self) -> None:
         """The functions of box.schema.func.create, defined again (at start, before any job)."""
@@ -184,7 +199,9 @@ class LuaEngine:
     def eval(self, ctx: CallContext, code: str, args: list[Any]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
         """IPROTO_EVAL: the chunk's return values at once when it finished on the event loop,
         else a coroutine that produces them; its error raised as a BoxError either way."""
-        result = self._submit(Job(ctx), (self._prepare_eval, code, args), raw=False)
+        result = self._submit(ctx, None, self._prepare_eval, code, args, False)
+        if type(result) is list:
+            return result
         if type(result) is Outcome:
             if result.error is not None:
                 raise result.error
@@ -194,14 +211,18 @@ class LuaEngine:
     async def console(self, ctx: CallContext, line: str,
                       set_delimiter: Callable[[str], None] | None = None) -> Outcome:
         """A console statement: tried as ``return <line>`` first, as Tarantool's console does."""
-        result = self._submit(Job(ctx, set_delimiter), (self._prepare_statement, line), raw=True)
+        result = self._submit(ctx, set_delimiter, self._prepare_statement, line, None, True)
+        if type(result) is list:
+            return Outcome(True, result)
         if type(result) is Outcome:
             return result
         return await result
 
     def call_function(self, ctx: CallContext, name: str, args: tuple[Any, ...]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
         """CALL of a global Lua function defined from the console or EVAL (as :meth:`eval`)."""
-        result = self._submit(Job(ctx), (self._prepare_call, name, args), raw=False)
+        result = self._submit(ctx, None, self._prepare_call, name, args, False)
+        if type(result) is list:
+            return result
         if type(result) is Outcome:
             if result.error is not None:
                 raise result.error
@@ -217,17 +238,28 @@ class LuaEngine:
 
     # -- what a job runs (called with the Lua state held) -------------------------------------
 
-    def _prepare_eval(self, code: str, args: list[Any]) -> tuple[Any, tuple[Any, ...]] | BoxError:
-        fn = self.chunks.get(b"=eval", code)
+    def _compile(self, code: bytes, chunkname: bytes) -> tuple[Any, Any]:
+        """A chunk compiled in the sandbox; None and the message when it does not compile."""
+        if code[:1] == b"\x1b":
+            return None, b"bytecode is not accepted"  # crafted bytecode can crash the VM
+        compiled = self._loadstring(code, chunkname)
+        if type(compiled) is tuple:  # nil, message
+            return compiled
+        return self._setfenv(compiled, self._sandbox), None
+
+    def _prepare_eval(self, code: str, args: list[Any]) -> tuple[Any, list[Any]] | BoxError:
+        fn = self.eval_chunks.get(code)
         if fn is None:
             fn, err = self._compile(code.encode(), b"=eval")
             if fn is None:
                 return BoxError(ER.PROC_LUA, message=self.values.from_lua(err, False))
-            self.chunks.put(b"=eval", code, fn)
+            self.eval_chunks.put(code, fn)
+        else:
+            self.eval_chunks.used(code)
         return fn, self.values.args(args)
 
-    def _prepare_statement(self, line: str) -> tuple[Any, tuple[Any, ...]] | BoxError:
-        fn = self.chunks.get(b"", line)
+    def _prepare_statement(self, line: str, _: Any) -> tuple[Any, list[Any]] | BoxError:
+        fn = self.statement_chunks.get(line)
         if fn is None:
             code = line.encode("utf-8", "surrogateescape")
             fn, err = self._compile(b"return " + code, b"return " + code)  # Tarantool's chunk names
@@ -237,29 +269,64 @@ class LuaEngine:
                 error = BoxError(ER.PROC_LUA, message=self.values.from_lua(err, False))
                 error.console_value = error.message  # type: ignore[attr-defined]
                 return error
-            self.chunks.put(b"", line, fn)
-        return fn, ()
+            self.statement_chunks.put(line, fn)
+        else:
+            self.statement_chunks.used(line)
+        return fn, []
 
-    def _prepare_call(self, name: str, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-        return self._call_global, (name.encode(), *self.values.args(args))
+    def _prepare_call(self, name: str, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+        return self._call_global, [name.encode(), *self.values.args(args)]
 
     # -- the driver ----------------------------------------------------------------------------
 
-    def _submit(self, job: Job, prepare: tuple[Any, ...], raw: bool) -> Outcome | Coroutine[Any, Any, Outcome]:
-        """Run the job on the event loop as far as it goes: its Outcome when it finished there,
-        else a coroutine that finishes it."""
-        run = _Run(job, raw, prepare)
-        if self._lock.acquire(False):
-            try:
-                self._on_loop(run)
-            finally:
-                self._lock.release()
-            outcome = run.outcome
-            if outcome is not None:
-                if run.names is not None:
-                    self._sync_functions(run.names)
-                return outcome
-        return self._finish(run)
+    def _submit(self, ctx: CallContext, set_delimiter: Callable[[str], None] | None,
+                prepare: Callable[[Any, Any], Any], a: Any, b: Any,
+                raw: bool) -> list[Any] | Outcome | Coroutine[Any, Any, Outcome]:
+        """Run the job on the event loop as far as it goes: its values (or its Outcome, when it
+        failed) if it finished there, else a coroutine that finishes it."""
+        if not self._lock.acquire(False):
+            return self._finish(_Run(ctx, set_delimiter, raw, prepare, a, b))
+        run = None
+        try:
+            began = _now()
+            out = self._start(prepare(a, b))
+            if out is not None and out[0] == b"done" and out[2] is True and out[1] == self._globals_seen:
+                if len(self._idle) < IDLE_WORKERS:
+                    self._idle.append(self._started)
+                return self.values.from_results(out, 3, raw)  # the common case
+            run = _Run(ctx, set_delimiter, raw, prepare, a, b)
+            run.co = self._started
+            run.spent = _now() - began
+            self._took(run, out, True)
+            if run.outcome is None:
+                self._on_loop(run, began)
+        except Exception as exc:
+            if run is None:
+                run = _Run(ctx, set_delimiter, raw, prepare, a, b)
+            self._crashed(run, exc)
+        finally:
+            self._started = None
+            self._lock.release()
+        if run.outcome is None:
+            return self._finish(run)
+        if run.names is not None:
+            self._sync_functions(run.names)
+        return run.outcome
+
+    def _start(self, prepared: Any) -> Any:
+        """A job's first resume, on an idle worker coroutine if there is one (``_started``)."""
+        if type(prepared) is BoxError:
+            raise prepared
+        version = self._catalog.schema_version
+        if version != self._schema_version:
+            self._state[b"schema_version"] = version
+            self._schema_version = version
+        fn, args = prepared
+        if self._idle:
+            co = self._started = self._idle.pop()
+            return co.send((fn, *args))
+        co = self._started = self._worker.coroutine(fn, *args)
+        return co.send(None)
 
     async def _finish(self, run: _Run) -> Outcome:
         """The rest of a job that could not finish on the loop at once."""
@@ -282,7 +349,7 @@ class LuaEngine:
                     await trio.lowlevel.checkpoint()
                 if not run.to_thread and self._lock.acquire(False):
                     try:
-                        self._on_loop(run)
+                        self._on_loop(run, _now())
                     finally:
                         self._lock.release()
                 else:
@@ -294,14 +361,11 @@ class LuaEngine:
             self._sync_functions(run.names)
         return run.outcome
 
-    def _on_loop(self, run: _Run) -> None:
+    def _on_loop(self, run: _Run, began: float) -> None:
         """Run the job on the event loop (holding the state) until it finishes, waits for an
-        operation, or has had LOOP_SLICE_S; quick operations are answered on the way."""
-        began = _now()
+        operation, or has had LOOP_SLICE_S since ``began``; quick operations are answered on
+        the way."""
         while True:
-            self._resume(run, True)
-            if run.outcome is not None or run.pending is not None or run.to_thread:
-                return
             if run.operation is not None:
                 name, args = run.operation
                 run.operation = None
@@ -312,9 +376,13 @@ class LuaEngine:
                 run.answer = answer
                 if _now() - began > LOOP_SLICE_S:
                     return
-            elif _now() - began > LOOP_SLICE_S:  # the hook fired and the loop's share is spent
-                self._pause(run)
-                run.to_thread = True
+            elif run.answer is None and _now() - began > LOOP_SLICE_S:
+                run.to_thread = True  # the hook fired and the loop's share is spent
+                return
+            if run.to_thread or run.pending is not None:
+                return
+            self._resume(run, True)
+            if run.outcome is not None:
                 return
 
     def _thread_slice(self, run: _Run) -> bool:
@@ -331,99 +399,94 @@ class LuaEngine:
                 if run.outcome is not None or run.operation is not None:
                     run.to_thread = False
                     return False
-                if run.answer is None:  # the yielding hook fired (and is still on)
+                if run.answer is None:  # the yielding hook fired
                     if run.cancelled:
-                        self._pause(run)
                         return False
                     if _now() - began > THREAD_SLICE_S and not self._steps.empty():
-                        self._pause(run)
                         return True
         finally:
             self._state[b"on_loop"] = True
 
-    def _pause(self, run: _Run) -> None:
-        """Leave a job that the yielding hook stopped: no hook while other Lua runs."""
-        self._hook.off()
-        run.hooked = True
-
     def _resume(self, run: _Run, on_loop: bool) -> None:
-        """One resume of the job's coroutine, and what came of it (see job_body in box.lua)."""
-        values = self.values
+        """One resume of the job's coroutine, and what came of it."""
         try:
+            self._took(run, self._send(run), on_loop)
+        except Exception as exc:
+            self._crashed(run, exc)
+
+    def _send(self, run: _Run) -> Any:
+        """Start the job or resume it with its answer; what it yields or returns (see job_body
+        in box.lua), or None for the yielding hook."""
+        began = _now()
+        try:
+            co = run.co
+            if co is None:
+                try:
+                    return self._start(run.prepare(run.a, run.b))
+                finally:
+                    run.co = self._started
+                    self._started = None
             version = self._catalog.schema_version
             if version != self._schema_version:
                 self._state[b"schema_version"] = version
                 self._schema_version = version
-            if run.co is None:
-                prepare = run.prepare
-                prepared = prepare[0](*prepare[1:])
-                if type(prepared) is BoxError:
-                    run.outcome = Outcome(False, [], prepared)
-                    return
-                fn, args = prepared
-                run.co = self._job_body.coroutine(fn, *args)
-                resume_with = None
-            else:
-                answer = run.answer
-                run.answer = None
-                if answer is None:
-                    resume_with = None
-                elif answer[0]:
-                    resume_with = (True, *values.args(answer[1]))
-                else:
-                    error = answer[1]
-                    resume_with = (False, self._new_error(error.code, error.message.encode(), error.error_type.encode()))
-            if run.hooked:
-                self._hook.yielding()
-                run.hooked = False
-            began = _now()
-            try:
-                out = run.co.send(resume_with)
-            finally:
-                run.spent += _now() - began
-            if out is None:  # the yielding hook: the time limit is checked here
-                if run.spent > self.limits.time_limit_s:
-                    self._hook.off()
-                    run.outcome = self._failure(self._limit_message)
+            answer = run.answer
+            run.answer = None
+            if answer is None:
+                return co.send(None)
+            if answer[0]:
+                return co.send((True, *self.values.args(answer[1])))
+            return co.send((False, self.values.new_error(answer[1])))
+        finally:
+            run.spent += _now() - began
+
+    def _took(self, run: _Run, out: Any, on_loop: bool) -> None:
+        """What a resume gave: the job's outcome, an operation, or (the hook) nothing yet."""
+        if out is None:  # the yielding hook: the time limit is checked here
+            if run.spent > self.limits.time_limit_s:
+                run.outcome = self._failure(self._limit_message)
+            return
+        values = self.values
+        tag = out[0]
+        if tag == b"op":
+            name = out[1]
+            if name == b"to_thread":
+                run.answer = _NO_ANSWER
+                if on_loop:
+                    run.to_thread = True
                 return
-            tag = out[0]
-            if tag == b"op":
-                name = out[1]
-                if name == b"to_thread":
-                    run.answer = _NO_ANSWER
-                    if on_loop:
-                        run.to_thread = True
-                    return
-                run.operation = (name, values.from_results(out, 2, False))
-                return
-            if tag != b"done":
-                self._hook.off()
-                run.outcome = self._failure("unexpected yield from a coroutine outside any coroutine.wrap")
-                return
-            globals_made = out[1]
-            if globals_made != self._globals_seen or globals_made < 0:
-                self._globals_seen = globals_made
-                run.names = self._user_globals()
-            if out[2]:
-                run.outcome = Outcome(True, values.from_results(out, 3, run.raw))
-                return
-            error = values.error(out[3], out[4], out[5], out[6])
-            run.outcome = Outcome(False, [], error)
-            if error.message == self._memory_message:
-                self._collect_garbage()
-        except (luajit21.LuaMemoryError, MemoryError):
-            self._hook.off()
-            run.co = None
+            run.operation = (name, values.from_results(out, 2, False))
+            return
+        if tag != b"done":
+            run.outcome = self._failure("unexpected yield from a coroutine outside any coroutine.wrap")
+            return
+        if len(self._idle) < IDLE_WORKERS:
+            self._idle.append(run.co)  # back at its yield, ready for the next job
+        globals_made = out[1]
+        if globals_made != self._globals_seen or globals_made < 0:
+            self._globals_seen = globals_made
+            run.names = self._user_globals()
+        if out[2]:
+            run.outcome = Outcome(True, values.from_results(out, 3, run.raw))
+            return
+        error = values.error(out[3], out[4], out[5], out[6])
+        run.outcome = Outcome(False, [], error)
+        if error.message == self._memory_message:
             self._collect_garbage()
-            run.outcome = self._failure(self._memory_message)
-        except BoxError as exc:
-            self._hook.off()
+
+    def _crashed(self, run: _Run, exc: Exception) -> None:
+        """An error out of the driver's own calls: the job fails with it, the engine goes on."""
+        if isinstance(exc, BoxError):  # a chunk that does not compile, a refused value
             exc.console_value = exc.message  # type: ignore[attr-defined]
             run.outcome = Outcome(False, [], exc)
-        except Exception as exc:  # a bug on our side: this job fails, the engine goes on
-            self._hook.off()
-            log.exception("a Lua job failed in the driver")
-            run.outcome = self._failure(f"internal error: {type(exc).__name__}")
+            return
+        self._hook.yielding()  # the error may have left the job under the checking hook
+        if isinstance(exc, luajit21.LuaMemoryError | MemoryError):
+            self._collect_garbage()
+            run.outcome = self._failure(self._memory_message)
+            return
+        log.error("a Lua job failed in the driver", exc_info=exc)
+        run.outcome = self._failure(f"internal error: {type(exc).__name__}")
 
     @staticmethod
     def _failure(message: str) -> Outcome:
@@ -464,7 +527,7 @@ class LuaEngine:
     def _collect_garbage(self) -> None:
         self._lua.set_max_memory(0)
         try:
-            self._collect()
+            self._collectgarbage(b"collect")
         finally:
             self._lua.set_max_memory(self.limits.memory_limit_bytes)
 
@@ -513,8 +576,13 @@ class LuaEngine:
     # -- Lua functions as procedures ---------------------------------------------------------
 
     def _user_globals(self) -> tuple[list[str], list[str], list[str]]:
-        """The global names user code made, as functions, tables and the rest (in Lua)."""
-        lists = self._user_functions()
+        """The global names user code made, as functions, tables and the rest. The walk is Lua,
+        on the main Lua state, so it runs with no hook."""
+        self._hook.off()
+        try:
+            lists = self._user_functions()
+        finally:
+            self._hook.yielding()
         return tuple(  # type: ignore[return-value]
             [names[i].decode() for i in range(1, len(names) + 1)] for names in lists
         )

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from lupa import luajit21
 
 from errcodes import ER, BoxError
-from spaces.msgpack_values import Raw, pack, unpack
+from spaces.msgpack_values import Raw, ext_hook, pack, unpack
 
 MAX_DEPTH = 64
 # Values converted for one result (or one box call's arguments): Python objects are not under
@@ -31,6 +32,7 @@ MAX_RESULT_VALUES = 1_000_000
 _TWO_53 = 2**53
 _TWO_63 = 2**63
 _TWO_64 = 2**64
+_CHUNK = 4000  # values moved out of Lua in one call
 
 
 def _key_order(item: tuple[Any, Any]) -> tuple[int, Any]:
@@ -48,10 +50,15 @@ class LuaValues:
     """Converters bound to one runtime and its ``internal`` table (lua_box/box.lua)."""
 
     def __init__(self, lua: Any, internal: Any) -> None:
+        # Only C functions of Lua's library are called here: no VM instruction runs on the main
+        # Lua state, where the count hook could not yield (see box.lua, Count hooks).
+        lua_globals = lua.globals()
         self._table_from = lua.table_from
+        self._setmetatable = lua_globals[b"setmetatable"]
+        self._unpack = lua_globals[b"unpack"]
         self._null = internal[b"NULL"]
-        self._tuple = internal[b"tuple"]
-        self._items = internal[b"items"]
+        self._tuple_mt = internal[b"tuple_mt"]
+        self._error_mt = internal[b"error_mt"]
         self._lua_table = type(lua.table())
 
     # -- Python -> Lua -----------------------------------------------------------------------
@@ -67,7 +74,7 @@ class LuaValues:
         if kind is bool or kind is float or kind is bytes:
             return value
         if kind is Raw:
-            return self._tuple(*[self.to_lua(v, True) for v in unpack(bytes(value))])
+            return self._setmetatable(self._table_from(self._fields(value)), self._tuple_mt)
         if luajit21.lua_type(value) is not None:  # already a Lua object
             return value
         if isinstance(value, list | tuple):
@@ -78,10 +85,32 @@ class LuaValues:
             return bytes(value)
         return str(value).encode()
 
-    def args(self, values: Any) -> tuple[Any, ...]:
-        """Values passed to Lua as a list of arguments (EVAL's, CALL's, a box call's results)."""
+    def _fields(self, raw: Raw) -> list[Any]:
+        """A stored tuple's fields for Lua, strings as they are stored (no decoding)."""
+        try:
+            fields = msgpack.unpackb(raw, raw=True, strict_map_key=False, ext_hook=ext_hook)
+        except TypeError:  # a map with a key Python cannot hash
+            fields = [v.encode() if type(v) is str else v for v in unpack(bytes(raw))]
         to_lua = self.to_lua
-        return tuple([to_lua(v) for v in values])
+        return [f if type(f) is bytes else to_lua(f, True) for f in fields]
+
+    def new_error(self, error: BoxError) -> Any:
+        """A BoxError as the Lua error object box.error makes."""
+        fields = {b"code": error.code, b"message": error.message.encode(), b"type": error.error_type.encode()}
+        return self._setmetatable(self._table_from(fields), self._error_mt)
+
+    def args(self, values: Any) -> list[Any]:
+        """Values passed to Lua as a list of arguments (EVAL's, CALL's, a box call's results)."""
+        out = []
+        for v in values:  # the common kinds inline: this is on the path of every EVAL
+            kind = type(v)
+            if kind is str:
+                out.append(v.encode())
+            elif (kind is int and -_TWO_53 <= v <= _TWO_53) or kind is float or kind is bytes or v is None:
+                out.append(v)
+            else:
+                out.append(self.to_lua(v))
+        return out
 
     # -- Lua -> Python -----------------------------------------------------------------------
 
@@ -103,15 +132,32 @@ class LuaValues:
 
     def from_results(self, values: tuple[Any, ...], first: int, tuples_as_raw: bool) -> list[Any]:
         """``values[first:]`` as Python."""
-        from_lua = self.from_lua
-        return [from_lua(values[i], tuples_as_raw) for i in range(first, len(values))]
+        out = []
+        for i in range(first, len(values)):  # the common kinds inline, as in args()
+            v = values[i]
+            kind = type(v)
+            if kind is bytes:
+                try:
+                    out.append(v.decode())
+                except UnicodeDecodeError:
+                    out.append(v)
+            elif kind is int or v is None or kind is bool:
+                out.append(v)
+            else:
+                out.append(self.from_lua(v, tuples_as_raw))
+        return out
 
     def _from_described(self, table: Any, tuples_as_raw: bool) -> Any:
-        got = self._items(table, 1)
-        n = got[0]
-        items = list(got[1:])
-        while len(items) < n:  # long tables come in chunks
-            items.extend(self._items(table, len(items) + 1)[1:])
+        n = table[b"n"]
+        if n <= _CHUNK:
+            items = self._unpack(table, 1, n)
+        else:  # Lua's stack takes some thousands of values at a time
+            items = ()
+            for first in range(1, n + 1, _CHUNK):
+                got = self._unpack(table, first, min(first + _CHUNK - 1, n))
+                items += got if type(got) is tuple else (got,)
+        if type(items) is not tuple:  # unpack_returned_tuples gives one value as itself
+            items = (items,)
         shape = items[0]
         from_lua = self.from_lua
         if shape == b"a":

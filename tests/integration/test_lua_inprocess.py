@@ -75,11 +75,12 @@ async def test_waiting_and_long_chunks_go_on_elsewhere(server):
 async def test_repeated_chunks_are_compiled_once(server):
     lua = server.lua
     ctx = admin(server)
-    hits, misses = lua.chunks.hits, lua.chunks.misses
+    compiled = lua.eval_chunks.compiled
     for i in range(5):
         assert lua.eval(ctx, "local t = {...} return #t, t[1]", [i, i]) == [2, i]
-    assert lua.chunks.misses == misses + 1
-    assert lua.chunks.hits == hits + 4
+    assert lua.eval_chunks.compiled == compiled + 1
+    assert lua.eval(ctx, "return 'other'", []) == ["other"]
+    assert lua.eval_chunks.compiled == compiled + 2
 
 
 async def test_a_runaway_chunk_does_not_hold_the_event_loop(server, nursery):
