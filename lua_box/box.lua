@@ -232,8 +232,26 @@ internal.error_mt = error_mt
 
 -- Calls into Python -------------------------------------------------------------------------
 
+-- The driver answers `true, values...`, `false, error`, or for the common results of space
+-- methods `TUPLE, fields...` (one tuple) and `TUPLES, count, fields..., count, fields...` (an
+-- array of tuples), built into tables here.
+local TUPLE, TUPLES = py.answer_tuple, py.answer_tuples
+local function tuples(...)
+    local out, at, n = {}, 1, select('#', ...)
+    local args = {...}
+    local k = 0
+    while at <= n do
+        local count = args[at]
+        k = k + 1
+        out[k] = setmetatable({unpack(args, at + 1, at + count)}, tuple_mt)
+        at = at + count + 1
+    end
+    return out
+end
 local function resumed(ok, ...)
-    if ok then return ... end
+    if ok == true then return ... end
+    if ok == TUPLE then return setmetatable({...}, tuple_mt) end
+    if ok == TUPLES then return tuples(...) end
     error((...), 0)
 end
 

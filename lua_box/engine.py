@@ -54,7 +54,7 @@ from lua_box.count_hook import CountHook
 from lua_box.operations import Job, Operations
 from lua_box.persisted_functions import PersistedFunctions
 from lua_box.persisted_users import PersistedUsers
-from lua_box.values import MAX_DEPTH, MAX_RESULT_VALUES, LuaValues
+from lua_box.values import ANSWER_TUPLE, ANSWER_TUPLES, MAX_DEPTH, MAX_RESULT_VALUES, LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
 from spaces.space import StorageError
@@ -130,6 +130,7 @@ class LuaEngine:
         self.users = PersistedUsers(catalog.storage, catalog.committer)
         self.users.load_into(catalog.access)  # at start, before anyone can log in
         self.operations = Operations(catalog, procedures, stats, self.functions, self.users)
+        self._operations = {name.encode(): fn for name, fn in self.operations.by_name().items()}
         self._lua = luajit21.LuaRuntime(
             encoding=None,
             unpack_returned_tuples=True,
@@ -151,6 +152,8 @@ class LuaEngine:
             b"max_depth": MAX_DEPTH,
             b"no_such_proc_code": int(ER.NO_SUCH_PROC),
             b"no_such_proc_format": FORMATS[ER.NO_SUCH_PROC].encode(),
+            b"answer_tuple": ANSWER_TUPLE,
+            b"answer_tuples": ANSWER_TUPLES,
         }
         prelude = resources.files("lua_box").joinpath("box.lua").read_bytes()
         init = self._lua.table_from(values_for_init)
@@ -435,7 +438,7 @@ class LuaEngine:
             if answer is None:
                 return co.send(None)
             if answer[0]:
-                return co.send((True, *self.values.args(answer[1])))
+                return co.send(self.values.answer(answer[1]))
             return co.send((False, self.values.new_error(answer[1])))
         finally:
             run.spent += _now() - began
@@ -497,7 +500,10 @@ class LuaEngine:
     def _operate(self, job: Job, name: bytes, args: list[Any]) -> tuple[bool, Any] | Awaitable[Any]:
         """A box operation on the event loop: its answer, or what to await for it."""
         try:
-            result = self.operations.get(name.decode())(job, *args)
+            operation = self._operations.get(name)
+            if operation is None:
+                operation = self.operations.get(name.decode(errors="replace"))  # raises
+            result = operation(job, *args)
             if type(result) is list:
                 return (True, result)
             if inspect.isawaitable(result):

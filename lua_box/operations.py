@@ -147,6 +147,9 @@ class Operations:
             "func_exists": self.func_exists,
         }
 
+    def by_name(self) -> dict[str, Callable[..., Any]]:
+        return dict(self._table)
+
     def get(self, name: str) -> Callable[..., Any]:
         op = self._table.get(name)
         if op is None:

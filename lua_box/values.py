@@ -32,7 +32,11 @@ MAX_RESULT_VALUES = 1_000_000
 _TWO_53 = 2**53
 _TWO_63 = 2**63
 _TWO_64 = 2**64
-_CHUNK = 4000  # values moved out of Lua in one call
+_CHUNK = 4000  # values moved into or out of Lua in one call
+_MAX_TUPLES_ANSWER = 256
+# How the driver answers a box call whose result is one tuple, or an array of tuples.
+ANSWER_TUPLE = 1
+ANSWER_TUPLES = 2
 
 
 def _key_order(item: tuple[Any, Any]) -> tuple[int, Any]:
@@ -98,6 +102,28 @@ class LuaValues:
         """A BoxError as the Lua error object box.error makes."""
         fields = {b"code": error.code, b"message": error.message.encode(), b"type": error.error_type.encode()}
         return self._setmetatable(self._table_from(fields), self._error_mt)
+
+    def answer(self, values: list[Any]) -> tuple[Any, ...]:
+        """What resumes a job after a box call (see `resumed` in box.lua): its values, with the
+        usual results of space methods (a tuple or nil; an array of tuples) as fields for the
+        job to build the tables, which is cheaper than building them from here."""
+        if len(values) == 1:
+            only = values[0]
+            kind = type(only)
+            if kind is Raw:
+                return (ANSWER_TUPLE, *self._fields(only))
+            if kind is list and len(only) <= _MAX_TUPLES_ANSWER:
+                flat: list[Any] = [ANSWER_TUPLES]
+                for item in only:
+                    if type(item) is not Raw:
+                        break
+                    fields = self._fields(item)
+                    flat.append(len(fields))
+                    flat.extend(fields)
+                else:
+                    if len(flat) <= _CHUNK:
+                        return tuple(flat)
+        return (True, *self.args(values))
 
     def args(self, values: Any) -> list[Any]:
         """Values passed to Lua as a list of arguments (EVAL's, CALL's, a box call's results)."""
