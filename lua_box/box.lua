@@ -301,10 +301,14 @@ end
 
 -- A job's coroutine, kept by the driver for the next job once this one is done: the next
 -- function and its arguments come back from the yield.
+local job_threads = setmetatable({}, {__mode = 'k'})  -- user code may not resume these
 local function worker(fn, ...)
     return worker(raw_yield(settle(raw_pcall(fn, ...))))
 end
-internal.worker = worker
+function internal.worker(...)
+    job_threads[coroutine.running()] = true
+    return worker(...)
+end
 
 -- The sandbox -------------------------------------------------------------------------------
 
@@ -338,6 +342,7 @@ end
 -- User coroutines pass our operation requests and the yielding hook's yields (which give no
 -- values) through to the driver; their own yields are tagged so the two cannot be confused.
 local function user_resume(co, ...)
+    if job_threads[co] then return false, 'cannot resume non-suspended coroutine' end
     local r = pack(raw_resume(co, ...))
     while r[1] and r[2] ~= USER_YIELD and raw_status(co) == 'suspended' do
         local answer = pack(raw_yield(unpack(r, 2, r.n)))

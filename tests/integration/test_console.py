@@ -568,6 +568,16 @@ def test_lua_that_calls_back_from_c_moves_and_keeps_lua_semantics(conn):
     assert err.value.args == (32, "attempt to yield across C-call boundary")
 
 
+def test_a_job_coroutine_cannot_be_resumed_by_user_code(conn):
+    """Job coroutines are reused by the driver: one saved by a chunk stays out of reach."""
+    name = unique("saved")
+    assert conn.eval(f"{name} = coroutine.running() return coroutine.resume({name})").data == [
+        False, "cannot resume non-suspended coroutine"]
+    assert conn.eval(f"return coroutine.resume({name}, error, 'x')").data == [
+        False, "cannot resume non-suspended coroutine"]
+    assert conn.eval("return 1 + 1").data == [2]
+
+
 def test_pcall_cannot_swallow_the_limit(console):
     started = time.monotonic()
     assert console.run("for i = 1, 100 do pcall(function() while true do end end) end") == LIMIT_ERROR
