@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | queue
+    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "queue")
+REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue")
 
 
 def workload(count: int, what: str) -> None:
@@ -51,6 +51,7 @@ def workload(count: int, what: str) -> None:
         "replace": ({0: codec.REPLACE, 1: 1}, {0x10: 512, 0x21: [42, "y" * 32]}),
         "eval": ({0: codec.EVAL, 1: 1}, {0x27: "return ...", 0x21: [42]}),
         "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
+        "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
     if what == "queue":
         queue_workload(count)
@@ -82,6 +83,7 @@ def workload(count: int, what: str) -> None:
                 catalog, procedures, eval_handler=lambda session, expr, args: lua.eval(session.context, expr, args)
             )
             session = Session(1, catalog.access.guest)
+            lua.eval(session.context, "function bench_echo(...) return ... end", [])
             decoder = codec.RequestDecoder()
             answers: list[bytes] = []
             for _ in range(count):

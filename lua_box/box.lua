@@ -694,7 +694,13 @@ end
 local function not_defined(name)
     error(new_error(py.no_such_proc_code, string_format(py.no_such_proc_format, name)), 0)
 end
+local find = string.find
 function internal.call_global(name, ...)
+    if not find(name, '[.:]') then  -- a plain global, the common case
+        local fn = G[name]
+        if type(fn) ~= 'function' then not_defined(name) end
+        return fn(...)
+    end
     local object_path, method = string.match(name, '^(.+):([^.:]+)$')
     if object_path then
         local object = lookup(object_path)

@@ -293,7 +293,7 @@ class LuaEngine:
         try:
             began = _now()
             out = self._start(prepare(a, b))
-            if out is not None and out[0] == b"done" and out[2] is True and out[1] == self._globals_seen:
+            if out is not None and out[0] == b"done" and out[2] is True and out[1] == self._globals_seen and not raw:
                 if len(self._idle) < IDLE_WORKERS:
                     self._idle.append(self._started)
                 return self.values.from_results(out, 3, raw)  # the common case
@@ -466,7 +466,9 @@ class LuaEngine:
         if len(self._idle) < IDLE_WORKERS:
             self._idle.append(run.co)  # back at its yield, ready for the next job
         globals_made = out[1]
-        if globals_made != self._globals_seen or globals_made < 0:
+        # New global names mean new functions, maybe; a console statement may also have
+        # dropped one (`f = nil`), which makes no new name: the console is not a hot path.
+        if globals_made != self._globals_seen or globals_made < 0 or run.raw:
             self._globals_seen = globals_made
             run.names = self._user_globals()
         if out[2]:
@@ -596,8 +598,7 @@ class LuaEngine:
     def _sync_functions(self, names: tuple[list[str], list[str], list[str]]) -> None:
         """Make the global Lua functions callable over CALL (on the event loop)."""
         functions, tables, others = names
-        self._lua_tables = frozenset(tables)
-        self._lua_globals = frozenset((*functions, *tables, *others))
+        self._lua_tables = self._lua_globals = frozenset()  # our resolver stays out of the checks below
         current = set(functions)
         for name in self._lua_procedures - current:
             self.procedures.unregister(name)
@@ -610,6 +611,8 @@ class LuaEngine:
                 self.procedures.register(name, self._procedure(name))
                 ours.add(name)
         self._lua_procedures = ours
+        self._lua_tables = frozenset(tables)
+        self._lua_globals = frozenset((*functions, *tables, *others))
 
     def _resolve_user_global(self, name: str) -> ProcedureEntry | None:
         """``app.handler`` and ``app:method`` where ``app`` is a global table user code made;

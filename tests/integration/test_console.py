@@ -384,6 +384,7 @@ def test_lua_functions_are_callable(console, conn):
     fn = unique("double")
     assert console.run(f"function {fn}(x) return x * 2, 'done' end") == EMPTY
     assert conn.call(fn, [21]).data == [42, "done"]
+    assert fn in [row[2] for row in conn.select(297).data]  # listed in _vfunc
     c16 = tarantool.Connection("127.0.0.1", conn.port, call_16=True)
     assert c16.call(fn, [21]).data == [[42], ["done"]]
     c16.close()
@@ -396,6 +397,12 @@ def test_lua_functions_are_callable(console, conn):
     with pytest.raises(DatabaseError) as err:
         conn.call(fn, [1])
     assert err.value.args == (33, f"Procedure '{fn}' is not defined")
+    assert fn not in [row[2] for row in conn.select(297).data]
+    # a global that held something else becomes a function: callable although no new name appeared
+    again = unique("late")
+    conn.eval(f"{again} = 5")
+    conn.eval(f"{again} = function() return 'late' end")
+    assert conn.call(again).data == ["late"]
 
 
 def test_functions_in_global_tables_are_callable(console, conn):
