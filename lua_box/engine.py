@@ -203,13 +203,7 @@ class LuaEngine:
         """IPROTO_EVAL: the chunk's return values at once when it finished on the event loop,
         else a coroutine that produces them; its error raised as a BoxError either way."""
         result = self._submit(ctx, None, self._prepare_eval, code, args, False)
-        if type(result) is list:
-            return result
-        if type(result) is Outcome:
-            if result.error is not None:
-                raise result.error
-            return result.values
-        return self._values_of(result)
+        return result if type(result) is list else self._values(result)
 
     async def console(self, ctx: CallContext, line: str,
                       set_delimiter: Callable[[str], None] | None = None) -> Outcome:
@@ -224,13 +218,15 @@ class LuaEngine:
     def call_function(self, ctx: CallContext, name: str, args: tuple[Any, ...]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
         """CALL of a global Lua function defined from the console or EVAL (as :meth:`eval`)."""
         result = self._submit(ctx, None, self._prepare_call, name, args, False)
-        if type(result) is list:
-            return result
+        return result if type(result) is list else self._values(result)
+
+    def _values(self, result: Outcome | Coroutine[Any, Any, Outcome]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
+        """A job's values (its error raised), or a coroutine that gives them once it finishes."""
         if type(result) is Outcome:
             if result.error is not None:
                 raise result.error
             return result.values
-        return self._values_of(result)
+        return self._values_of(result)  # type: ignore[arg-type]
 
     @staticmethod
     async def _values_of(running: Awaitable[Outcome]) -> list[Any]:

@@ -462,6 +462,13 @@ def test_runaway_script_is_stopped_while_others_are_served(console, conn):
     assert console.run("1 + 1") == "---\n- 2\n...\n"
 
 
+def eval_error(conn: tarantool.Connection, code: str, args: list | None = None) -> tuple:
+    """The (code, message) an EVAL that must fail answers."""
+    with pytest.raises(DatabaseError) as err:
+        conn.eval(code, args or [])
+    return err.value.args
+
+
 class Background:
     """A request on its own connection in a thread, so the test can talk to the server meanwhile."""
 
@@ -533,12 +540,8 @@ def test_repeated_chunks_give_the_same_results(conn):
     for i in range(1, 4):
         assert conn.eval(chunk, [f"arg{i}"]).data == [1, f"arg{i}", i]
     for _ in range(2):
-        with pytest.raises(DatabaseError) as err:
-            conn.eval("error(...)", ["again"])
-        assert err.value.args == (32, "eval:1: again")
-        with pytest.raises(DatabaseError) as err:
-            conn.eval("return 1 +")
-        assert err.value.args == (32, "eval:1: unexpected symbol near '<eof>'")
+        assert eval_error(conn, "error(...)", ["again"]) == (32, "eval:1: again")
+        assert eval_error(conn, "return 1 +") == (32, "eval:1: unexpected symbol near '<eof>'")
 
 
 def test_lua_that_calls_back_from_c_moves_and_keeps_lua_semantics(conn):
@@ -567,12 +570,9 @@ def test_lua_that_calls_back_from_c_moves_and_keeps_lua_semantics(conn):
         "local co = coroutine.create(function() for i = 1, 2e6 do end coroutine.yield() return 'end' end) "
         "local a = {coroutine.resume(co)} local b = {coroutine.resume(co)} return #a, a[1], b[2]"
     ).data == [1, True, "end"]
-    with pytest.raises(DatabaseError) as err:
-        conn.eval("table.sort(nil)")
-    assert err.value.args == (32, "eval:1: bad argument #1 to 'sort' (table expected, got nil)")
-    with pytest.raises(DatabaseError) as err:
-        conn.eval("string.gsub('a', 'a', function() return box.space.queue:len() end)")
-    assert err.value.args == (32, "attempt to yield across C-call boundary")
+    assert eval_error(conn, "table.sort(nil)") == (32, "eval:1: bad argument #1 to 'sort' (table expected, got nil)")
+    assert eval_error(conn, "string.gsub('a', 'a', function() return box.space.queue:len() end)") == (
+        32, "attempt to yield across C-call boundary")
 
 
 def test_a_job_coroutine_cannot_be_resumed_by_user_code(conn):
