@@ -177,20 +177,24 @@ class LuaValues:
         n = table[b"n"]
         if n <= _CHUNK:
             items = self._unpack(table, 1, n)
+            if type(items) is not tuple:  # unpack_returned_tuples gives one value as itself
+                items = (items,)
         else:  # Lua's stack takes some thousands of values at a time
-            items = ()
+            collected: list[Any] = []
             for first in range(1, n + 1, _CHUNK):
                 got = self._unpack(table, first, min(first + _CHUNK - 1, n))
-                items += got if type(got) is tuple else (got,)
-        if type(items) is not tuple:  # unpack_returned_tuples gives one value as itself
-            items = (items,)
+                if type(got) is tuple:
+                    collected.extend(got)
+                else:  # a last chunk of one
+                    collected.append(got)
+            items = tuple(collected)
         shape = items[0]
-        from_lua = self.from_lua
         if shape == b"a":
-            return [from_lua(items[i], tuples_as_raw) for i in range(1, n)]
+            return self.from_results(items, 1, tuples_as_raw)
         if shape == b"t":
-            fields = [from_lua(items[i], False) for i in range(1, n)]
+            fields = self.from_results(items, 1, False)
             return Raw(pack(fields)) if tuples_as_raw else fields
+        from_lua = self.from_lua
         pairs = []
         for i in range(1, n, 2):
             key = from_lua(items[i], tuples_as_raw)

@@ -118,3 +118,19 @@ async def test_a_runaway_chunk_does_not_hold_the_event_loop(server, nursery):
     await runaway_stream.aclose()
     await other.aclose()
 
+
+
+async def test_long_results_come_back_whole(server):
+    """Tables are read out of Lua some thousands of values at a time: every length comes back
+    whole, holes as None, maps with every key."""
+    lua = server.lua
+    ctx = admin(server)
+    for size in (1, 3999, 4000, 4001, 8001, 12345):
+        values = await answer(lua.eval(ctx, "local t = {} for i = 1, ... do t[i] = i end return t", [size]))
+        assert values == [list(range(1, size + 1))]
+        mapped = await answer(lua.eval(ctx, "local t = {} for i = 1, ... do t['k' .. i] = i end return t", [size]))
+        assert mapped == [{f"k{i}": i for i in range(1, size + 1)}]
+    sparse = await answer(lua.eval(ctx, "local t = {} for i = 1, 5000 do t[3 * i] = i end t[1] = 0 return t", []))
+    assert sparse[0] == {1: 0, **{3 * i: i for i in range(1, 5001)}}  # too sparse: a map, as in Tarantool
+    array = await answer(lua.eval(ctx, "local t = {} for i = 1, 5000 do t[i] = i % 2 == 0 and i or nil end t[5000] = 1 return t", []))
+    assert array[0][:4] == [None, 2, None, 4] and len(array[0]) == 5000
