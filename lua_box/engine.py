@@ -51,12 +51,13 @@ from lupa import luajit21
 from errcodes import ER, FORMATS, BoxError
 from lua_box.chunk_cache import ChunkCache
 from lua_box.count_hook import CountHook
+from lua_box.global_functions import GlobalFunctions
 from lua_box.operations import Job, Operations
 from lua_box.persisted_functions import PersistedFunctions
 from lua_box.persisted_users import PersistedUsers
 from lua_box.values import ANSWER_TUPLE, ANSWER_TUPLES, MAX_DEPTH, MAX_RESULT_VALUES, LuaValues
 from spaces.catalog import Catalog
-from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
+from spaces.procedures import CallContext, Procedures
 from spaces.space import StorageError
 
 log = logging.getLogger(__name__)
@@ -179,10 +180,7 @@ class LuaEngine:
         self._globals_seen = 0
         self._steps: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._token: trio.lowlevel.TrioToken | None = None
-        self._lua_procedures: set[str] = set()
-        self._lua_tables: frozenset[str] = frozenset()
-        self._lua_globals: frozenset[str] = frozenset()
-        procedures.add_resolver(self._resolve_user_global)
+        self.global_functions = GlobalFunctions(procedures, self.call_function)
         self._define_persisted()
         self._hook.yielding()  # from now on, for good (see box.lua, Count hooks)
 
@@ -195,7 +193,7 @@ class LuaEngine:
             ok, why = define(name.encode(), body.encode())
             if not ok:
                 log.warning("persisted Lua function %s is not defined: %s", name, self.values.from_lua(why, False))
-        self._sync_functions(self._user_globals())
+        self.global_functions.sync(*self._user_globals())
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -309,7 +307,7 @@ class LuaEngine:
         if run.outcome is None:
             return self._finish(run)
         if run.names is not None:
-            self._sync_functions(run.names)
+            self.global_functions.sync(*run.names)
         return run.outcome
 
     def _start(self, prepared: Any) -> Any:
@@ -357,7 +355,7 @@ class LuaEngine:
             if run.outcome is None:  # cancelled: the job is dropped where it stands
                 run.cancelled = True
         if run.names is not None:
-            self._sync_functions(run.names)
+            self.global_functions.sync(*run.names)
         return run.outcome
 
     def _on_loop(self, run: _Run, began: float) -> None:
@@ -577,7 +575,7 @@ class LuaEngine:
         self._steps.put(step)
         await finished.wait()
 
-    # -- Lua functions as procedures ---------------------------------------------------------
+    # -- Lua functions as procedures (see global_functions.py) ----------------------------------
 
     def _user_globals(self) -> tuple[list[str], list[str], list[str]]:
         """The global names user code made, as functions, tables and the rest. The walk is Lua,
@@ -590,39 +588,3 @@ class LuaEngine:
         return tuple(  # type: ignore[return-value]
             [names[i].decode() for i in range(1, len(names) + 1)] for names in lists
         )
-
-    def _sync_functions(self, names: tuple[list[str], list[str], list[str]]) -> None:
-        """Make the global Lua functions callable over CALL (on the event loop)."""
-        functions, tables, others = names
-        self._lua_tables = self._lua_globals = frozenset()  # our resolver stays out of the checks below
-        current = set(functions)
-        for name in self._lua_procedures - current:
-            self.procedures.unregister(name)
-        ours = set()
-        for name in current:
-            if name in self._lua_procedures:
-                ours.add(name)
-            elif self.procedures.resolve(name) is None:  # never shadow a built-in procedure
-                # Not a "writes" procedure: the box operations it makes check the port themselves.
-                self.procedures.register(name, self._procedure(name))
-                ours.add(name)
-        self._lua_procedures = ours
-        self._lua_tables = frozenset(tables)
-        self._lua_globals = frozenset((*functions, *tables, *others))
-
-    def _resolve_user_global(self, name: str) -> ProcedureEntry | None:
-        """``app.handler`` and ``app:method`` where ``app`` is a global table user code made;
-        also a global that held no function when the globals were last listed (a global's
-        value can change without a new name appearing): the job itself finds out."""
-        head = name.split(".", 1)[0].split(":", 1)[0]
-        if head == name and name not in self._lua_globals:
-            return None
-        if head != name and head not in self._lua_tables:
-            return None
-        return make_entry(name, self._procedure(name))
-
-    def _procedure(self, name: str) -> Callable[..., list[Any] | Coroutine[Any, Any, list[Any]]]:
-        def call(ctx: CallContext, *args: Any) -> list[Any] | Coroutine[Any, Any, list[Any]]:
-            return self.call_function(ctx, name, args)
-
-        return call
