@@ -1,13 +1,13 @@
 -- The Lua side of the embedded console: the sandboxed global table user code runs in, the `box`
--- table, and the job body the Python driver resumes (see lua_box/engine.py).
+-- table, and the worker coroutines the Python driver resumes (see lua_box/engine.py).
 --
--- A job (an EVAL chunk, a console statement, a CALL of a Lua function) is a coroutine running
--- `job_body`. Every call into Python goes through `op(name, ...)`: the coroutine yields the
+-- A job (an EVAL chunk, a console statement, a CALL of a Lua function) runs in a `worker`
+-- coroutine. Every call into Python goes through `op(name, ...)`: the coroutine yields the
 -- request to the Python driver, which runs it on the trio event loop (awaiting it when it waits
--- for a commit or a queue take) and resumes the coroutine with `true, results...` or `false,
--- error`. What a job hands to Python (its results, an operation's arguments) is first turned
+-- for a commit or a queue take) and resumes the coroutine with the answer (see `resumed`).
+-- What a job hands to Python (its results, an error, an operation's arguments) is first turned
 -- into plain values by `describe`, inside the coroutine, so no user metamethod ever runs
--- outside a job's time limit.
+-- outside a job's time limit, and the driver calls nothing but C functions on the main state.
 
 local py = ...                       -- clock, messages, limits, the path of lupa's LuaJIT library
 local OP, DONE = 'op', 'done'        -- what the driver sees first in a yield or a return
