@@ -7,9 +7,22 @@ NODE_STAMP := $(VENV)/node/.installed
 DECKARD_GEN := facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install run test lint bench clean
+.PHONY: install build check-cc run test test-pure lint bench clean
 
-install: $(STAMP) $(NODE_STAMP) $(DECKARD_STAMP)
+install: check-cc $(STAMP) $(NODE_STAMP) $(DECKARD_STAMP) build
+
+# The request path is compiled with Cython (boxqueue/compiled.py lists the modules): a C compiler
+# is a requirement of the supported machine.
+check-cc:
+	@command -v "$${CC:-cc}" >/dev/null 2>&1 || { \
+		echo "boxqueue needs a C compiler to build its compiled request path, and '$${CC:-cc}' was not found."; \
+		echo "Install one (Debian: apt-get install gcc) or set CC, then run make again."; \
+		exit 1; }
+
+# Recompile the extensions whose sources changed since the last build (the editable install
+# builds them once; an edit to a compiled .py needs this before it takes effect).
+build: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace -j 2
 
 # Reinstall only when the project metadata changes; the project is installed
 # editable, so source edits need no reinstall.
@@ -41,6 +54,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-pure
+
+# The same sources uncompiled: they must still import and pass the unit tests.
+test-pure: install
+	BOXQUEUE_PURE=1 $(BIN)/python -m pytest -q tests/unit
 
 lint: install
 	$(BIN)/ruff check .
@@ -50,3 +68,5 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(DECKARD_GEN)/deckard_service_pb2*
+	$(PYTHON) -c "import runpy; [print(m.replace('.', '/')) for m in runpy.run_path('boxqueue/compiled.py')['COMPILED_MODULES']]" \
+		| while read m; do rm -f $$m.c $$m.*.so; done

@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,7 +119,12 @@ def main() -> int:
             per_proc = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0) for i in range(args.procs)]
             jobs = [(grpc_port, n, "bench::cycle", start_at, measure_from, stop_at) for n in per_proc if n]
             with get_context("spawn").Pool(len(jobs)) as pool:
-                results = pool.map(_worker, jobs)
+                pending = pool.map_async(_worker, jobs)
+                time.sleep(max(0.0, measure_from - time.time()))
+                cpu_begin = process_cpu_s(server.pid)
+                time.sleep(max(0.0, stop_at - time.time()))
+                server_cpu_s = process_cpu_s(server.pid) - cpu_begin
+                results = pending.get(timeout=args.duration + args.warmup + 120)
         finally:
             server.terminate()
             server.wait(30)
@@ -135,12 +146,14 @@ def main() -> int:
         "cycle_p99_ms": pct(0.99),
         "empty_pulls": sum(r["empty"] for r in results),
         "errors": sum(r["errors"] for r in results),
+        "server_cpu_us_per_cycle": server_cpu_s * 1e6 / done if done else float("nan"),
         "cpus": os.cpu_count(),
     }
     print(
         f"{summary['cycles_per_s']:.0f} Add+Pull+Ack cycles/s with {args.clients} clients (wal {args.wal}); "
         f"cycle p50 {summary['cycle_p50_ms']:.1f} ms, p99 {summary['cycle_p99_ms']:.1f} ms; "
-        f"{summary['empty_pulls']} empty pulls, {summary['errors']} errors"
+        f"{summary['empty_pulls']} empty pulls, {summary['errors']} errors; "
+        f"server CPU {summary['server_cpu_us_per_cycle']:.0f} us per cycle"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))

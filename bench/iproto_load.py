@@ -389,6 +389,10 @@ class Measurement:
     procs: int
     gen_cpu: float  # mean CPU busy fraction of the generator processes
     duration_s: float
+    # The server's CPU time (all its threads, user + system) per successful response over the
+    # measured window, and the system (kernel) part of it: less dependent on other load than rps.
+    server_us: float = float("nan")
+    server_sys_us: float = float("nan")
 
     @property
     def flagged(self) -> bool:
@@ -406,7 +410,19 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def measure(target: str, port: int, op: str, wal: str, args: argparse.Namespace) -> Measurement:
+def process_cpu(pid: int | None) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and all its threads so far; NaN if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return float("nan"), float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def measure(
+    target: str, port: int, op: str, wal: str, args: argparse.Namespace, server_pid: int | None = None
+) -> Measurement:
     ctx = get_context("fork")
     procs = max(1, min(args.procs, args.connections))
     specs = [
@@ -439,6 +455,11 @@ def measure(target: str, port: int, op: str, wal: str, args: argparse.Namespace)
         barrier.wait(timeout=60)
     except Exception:  # noqa: BLE001 - the workers report why
         pass
+    window_start = start_at.value + args.warmup
+    time.sleep(max(0.0, window_start - time.monotonic()))
+    cpu_before = process_cpu(server_pid)
+    time.sleep(max(0.0, window_start + args.duration - time.monotonic()))
+    cpu_after = process_cpu(server_pid)
     results: list[WorkerResult] = []
     deadline = time.monotonic() + args.warmup + args.duration + 60
     while len(results) < len(workers):
@@ -456,6 +477,8 @@ def measure(target: str, port: int, op: str, wal: str, args: argparse.Namespace)
         latencies.frombytes(result.latencies_ns)
     ordered = sorted(latencies)
     failures = [r.failure for r in results if r.failure]
+    answered = max(1, sum(r.ok for r in results))
+    user_s, sys_s = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
     return Measurement(
         target=target,
         op=op,
@@ -472,6 +495,8 @@ def measure(target: str, port: int, op: str, wal: str, args: argparse.Namespace)
         procs=len(specs),
         gen_cpu=sum(r.cpu_busy for r in results) / len(results),
         duration_s=args.duration,
+        server_us=(user_s + sys_s) * 1e6 / answered,
+        server_sys_us=sys_s * 1e6 / answered,
     )
 
 
@@ -683,6 +708,7 @@ def result_row(m: Measurement) -> list[str]:
         f"{m.p99_ms:.3f}",
         str(m.errors),
         f"{m.gen_cpu:.0%}",
+        f"{m.server_us:.2f} ({m.server_sys_us:.2f})",
         status,
     ]
 
@@ -719,7 +745,7 @@ def fmt_ratio(value: float | None) -> str:
 
 
 def print_report(results: Sequence[Measurement], failures: dict[str, str]) -> None:
-    headers = ["target", "op", "wal", "rps", "p50 ms", "p99 ms", "errors", "gen cpu", "status"]
+    headers = ["target", "op", "wal", "rps", "p50 ms", "p99 ms", "errors", "gen cpu", "srv us/req (sys)", "status"]
     print()
     if results:
         print(format_table(headers, [result_row(m) for m in results]))
@@ -826,7 +852,7 @@ def run_target(target: str, args: argparse.Namespace, results: list[Measurement]
                     flush=True,
                 )
             for op in ops:
-                m = measure(target, server.port, op, wal, args)
+                m = measure(target, server.port, op, wal, args, server.proc.pid if server.proc else None)
                 results.append(m)
                 note = (
                     ""

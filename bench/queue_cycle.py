@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""box.queue put -> take -> ack cycle over iproto, end to end.
+"""box.queue put -> take -> ack cycle over iproto, end to end, and the same cycle on a real
+Tarantool running tarantool/queue (``--target tarantool|both --queue-module DIR``: a ``fifottl``
+tube ``t`` called as ``queue.tube.t:put/take/ack``; the module is loaded from DIR with
+``package.path``).
 
 ``--producers`` connections keep ``--producer-inflight`` CALLs of ``box.queue.put``
 outstanding each.  ``--consumers`` connections keep ``--consumer-inflight`` slots
@@ -61,6 +64,9 @@ from iproto_load import (
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_CONFIG = ROOT / "conf" / "boxqueue.toml"
+TARANTOOL_QUEUE_INIT = Path(__file__).resolve().parent / "tarantool_queue_init.lua"
+TARANTOOL_TUBE = "t"
+TARGETS = ("ours", "tarantool", "both")
 
 QUEUE_SPACE = 0
 TUBE = "bench"
@@ -80,28 +86,35 @@ def call_body(function: str, args: list[Any]) -> bytes:
     return msgpack.packb({KEY_FUNCTION_NAME: function, KEY_TUPLE: args})
 
 
-def put_body(payload_size: int) -> bytes:
-    """box.queue.put(0, tube, delay, ttl, ttr, pri, data): 0 means the default for each."""
+def put_body(payload_size: int, target: str = "ours") -> bytes:
+    """box.queue.put(0, tube, delay, ttl, ttr, pri, data): 0 means the default for each;
+    on Tarantool, queue.tube.t:put(data)."""
+    if target == "tarantool":
+        return call_body(f"queue.tube.{TARANTOOL_TUBE}:put", ["x" * payload_size])
     return call_body("box.queue.put", [QUEUE_SPACE, TUBE, 0, 0, 0, 0, "x" * payload_size])
 
 
-def take_body(timeout_s: float) -> bytes:
+def take_body(timeout_s: float, target: str = "ours") -> bytes:
+    if target == "tarantool":
+        return call_body(f"queue.tube.{TARANTOOL_TUBE}:take", [timeout_s])
     return call_body("box.queue.take", [QUEUE_SPACE, TUBE, timeout_s])
 
 
-# box.queue.ack(0, id): the map and argument array up to the id; the id's raw msgpack follows.
-ACK_HEAD = (
-    b"\x82"
-    + msgpack.packb(KEY_FUNCTION_NAME)
-    + msgpack.packb("box.queue.ack")
-    + msgpack.packb(KEY_TUPLE)
-    + b"\x92"
-    + msgpack.packb(QUEUE_SPACE)
-)
+def ack_head(target: str = "ours") -> bytes:
+    """The ack's map and argument array up to the id; the id's raw msgpack follows:
+    box.queue.ack(0, id), or queue.tube.t:ack(id)."""
+    if target == "tarantool":
+        function, head_args = f"queue.tube.{TARANTOOL_TUBE}:ack", b"\x91"
+    else:
+        function, head_args = "box.queue.ack", b"\x92" + msgpack.packb(QUEUE_SPACE)
+    return b"\x82" + msgpack.packb(KEY_FUNCTION_NAME) + msgpack.packb(function) + msgpack.packb(KEY_TUPLE) + head_args
 
 
-def ack_packet(task_id: bytes, sync: bytes) -> bytes:
-    body = ACK_HEAD + task_id
+ACK_HEAD = ack_head()
+
+
+def ack_packet(task_id: bytes, sync: bytes, head: bytes = ACK_HEAD) -> bytes:
+    body = head + task_id
     return encode_prefix(REQ_CALL, body) + sync + body
 
 
@@ -129,6 +142,10 @@ def task_id_of(data: bytes, start: int, end: int) -> bytes | None:
                 return data[at : at + 2 + data[at + 1]]
             if 0xA0 <= tag <= 0xBF:
                 return data[at : at + 1 + (tag & 0x1F)]
+            if tag <= 0x7F:  # tarantool/queue's ids are unsigned integers
+                return data[at : at + 1]
+            if 0xCC <= tag <= 0xCF:
+                return data[at : at + 1 + (1 << (tag - 0xCC))]
     answer = decode_generic(data[start:end])[2].get(KEY_DATA) or []
     if not answer:
         return None
@@ -154,6 +171,7 @@ class WorkerSpec:
     max_backlog: int
     warmup_s: float
     duration_s: float
+    target: str = "ours"
 
 
 @dataclass
@@ -198,9 +216,10 @@ class Worker:
         self.put_ns = array("q")
         self.ack_ns = array("q")
         # Each request is head (length and header up to the sync) + sync + body.
-        self.put_body = put_body(spec.payload)
+        self.put_body = put_body(spec.payload, spec.target)
         self.put_head = encode_prefix(REQ_CALL, self.put_body)
-        self.take_body = take_body(spec.take_timeout_s)
+        self.ack_head = ack_head(spec.target)
+        self.take_body = take_body(spec.take_timeout_s, spec.target)
         self.take_head = encode_prefix(REQ_CALL, self.take_body)
         width = max(spec.producer_inflight, 2 * spec.consumer_inflight)
         self.syncs = [U64.pack(sync) for sync in range(width)]
@@ -344,7 +363,7 @@ class Worker:
         sync = self.spec.consumer_inflight + slot
         conn.sent[sync] = now
         conn.pending[sync] = True
-        return ack_packet(task_id, self.syncs[sync])
+        return ack_packet(task_id, self.syncs[sync], self.ack_head)
 
     def send(self, conn: _Conn, parts: list[bytes]) -> bool:
         try:
@@ -453,6 +472,7 @@ class QueueStats:
 @dataclass
 class Measurement:
     wal: str
+    target: str
     tasks_per_s: float  # acks with code 0 in the window / duration
     puts_per_s: float
     take_p50_ms: float
@@ -499,7 +519,9 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(port: int, wal: str, args: argparse.Namespace, server_pid: int | None = None) -> Measurement:
+def measure(
+    port: int, wal: str, args: argparse.Namespace, server_pid: int | None = None, target: str = "ours"
+) -> Measurement:
     ctx = get_context("fork")
     procs = max(1, min(args.procs, args.producers + args.consumers))
     producers = split_evenly(args.producers, procs)
@@ -518,6 +540,7 @@ def measure(port: int, wal: str, args: argparse.Namespace, server_pid: int | Non
             max_backlog=args.max_backlog,
             warmup_s=args.warmup,
             duration_s=args.duration,
+            target=target,
         )
         for i in range(procs)
     ]
@@ -566,6 +589,7 @@ def measure(port: int, wal: str, args: argparse.Namespace, server_pid: int | Non
     puts = sum(r.puts for r in results)
     return Measurement(
         wal=wal,
+        target=target,
         tasks_per_s=acks / args.duration,
         puts_per_s=puts / args.duration,
         take_p50_ms=take_p50,
@@ -617,23 +641,34 @@ def queue_space_toml(config: Path = SHIPPED_CONFIG) -> str:
 
 
 class QueueServer(Server):
-    """iproto_load's boxqueue server (space 512 for its readiness probe) plus the queue space."""
+    """iproto_load's boxqueue server (space 512 for its readiness probe) plus the queue space;
+    or Tarantool with tarantool/queue loaded from ``--queue-module``."""
 
     def _command(self, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         command, env = super()._command(args)
+        if self.target == "tarantool":
+            env["BENCH_QUEUE_DIR"] = str(Path(args.queue_module).resolve())
+            return [args.tarantool_bin, str(TARANTOOL_QUEUE_INIT)], env
         config = self.tmp / "bench.toml"
         config.write_text(config.read_text() + "\n" + queue_space_toml())
         return command, env
 
 
-def queue_statistics(port: int) -> QueueStats:
-    """box.queue.statistics(0, tube) as tasks.* counts; the flat list becomes a dict."""
+def queue_statistics(port: int, target: str = "ours") -> QueueStats:
+    """box.queue.statistics(0, tube) as tasks.* counts (the flat list becomes a dict); on
+    Tarantool, queue.statistics('t')."""
+    function, args = ("box.queue.statistics", [QUEUE_SPACE, TUBE])
+    if target == "tarantool":
+        function, args = ("queue.statistics", [TARANTOOL_TUBE])
     with SyncClient(port, timeout=10.0) as client:
-        [(code, body)] = client.batch(
-            [(REQ_CALL, call_body("box.queue.statistics", [QUEUE_SPACE, TUBE]))]
-        )
+        [(code, body)] = client.batch([(REQ_CALL, call_body(function, args))])
     if code:
         return QueueStats(error=f"statistics failed: 0x{code:x} {body.get(KEY_ERROR_24)}")
+    if target == "tarantool":
+        data = body.get(KEY_DATA) or [{}]
+        tasks = (data[0] or {}).get("tasks", {}) if data and isinstance(data[0], dict) else {}
+        return QueueStats(total=tasks.get("total"), ready=tasks.get("ready"), taken=tasks.get("taken"),
+                          raw={f"tasks.{k}": v for k, v in tasks.items()})
     data = body.get(KEY_DATA) or [[]]
     flat = data[0] if data and isinstance(data[0], list) else data
     prefix = f"space{QUEUE_SPACE}.{TUBE}."
@@ -646,13 +681,13 @@ def queue_statistics(port: int) -> QueueStats:
     )
 
 
-def settled_statistics(port: int, timeout: float = 5.0) -> QueueStats:
+def settled_statistics(port: int, timeout: float = 5.0, target: str = "ours") -> QueueStats:
     """Statistics once the closed consumers' tasks are released and late puts are in."""
     deadline = time.monotonic() + timeout
-    previous = queue_statistics(port)
+    previous = queue_statistics(port, target)
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        stats = queue_statistics(port)
+        stats = queue_statistics(port, target)
         if stats.error or (stats.raw == previous.raw and not stats.taken):
             return stats
         previous = stats
@@ -671,7 +706,7 @@ def check_server(m: Measurement, args: argparse.Namespace) -> None:
             f"server holds {total} tasks, clients expect {m.client_backlog_final} "
             f"(allowed {low}..{high})"
         )
-    elif m.server.taken:
+    elif m.server.taken and m.target == "ours":  # tarantool/queue frees them after its session ttr
         m.server_mismatch = f"{m.server.taken} tasks still taken after every consumer left"
 
 
@@ -681,6 +716,7 @@ def check_server(m: Measurement, args: argparse.Namespace) -> None:
 def result_row(m: Measurement) -> list[str]:
     status = "FAILED" if m.failure else "ERRORS" if m.errors else "MISMATCH" if m.flagged else "ok"
     return [
+        m.target,
         m.wal,
         f"{m.tasks_per_s:,.0f}",
         f"{m.puts_per_s:,.0f}",
@@ -700,7 +736,7 @@ def result_row(m: Measurement) -> list[str]:
 
 
 HEADERS = [
-    "wal", "tasks/s", "puts/s", "take p50", "take p99", "empty takes", "put p50", "put p99",
+    "target", "wal", "tasks/s", "puts/s", "take p50", "take p99", "empty takes", "put p50", "put p99",
     "backlog start", "backlog end", "held", "errors", "gen cpu", "server cpu us/task", "status",
 ]  # fmt: skip
 
@@ -713,12 +749,12 @@ def describe(m: Measurement) -> str:
         else f"server queue after the run: total {s.total}, ready {s.ready}, taken {s.taken}"
     )
     return (
-        f"[wal={m.wal}] {m.tasks_per_s:,.0f} tasks/s, {m.puts_per_s:,.0f} puts/s, "
+        f"[{m.target} wal={m.wal}] {m.tasks_per_s:,.0f} tasks/s, {m.puts_per_s:,.0f} puts/s, "
         f"take p50 {m.take_p50_ms:.2f} ms p99 {m.take_p99_ms:.2f} ms "
         f"({m.empty_takes} empty), put p50 {m.put_p50_ms:.2f} ms p99 {m.put_p99_ms:.2f} ms, "
         f"ack p50 {m.ack_p50_ms:.2f} ms p99 {m.ack_p99_ms:.2f} ms, "
         f"backlog {m.backlog_start} -> {m.backlog_end}, held {m.held:.0%}, {m.errors} errors\n"
-        f"[wal={m.wal}] {server}; clients: {m.client_backlog_final} put and not acked"
+        f"[{m.target} wal={m.wal}] {server}; clients: {m.client_backlog_final} put and not acked"
     )
 
 
@@ -757,7 +793,24 @@ def print_report(
         if m.gen_cpu > 0.9:
             print(f"  - wal={m.wal}: generator CPU {m.gen_cpu:.0%}: it may be the limit")
     for wal, why in failures.items():
-        print(f"  ! wal={wal} did not run: {why.splitlines()[0] if why else why}")
+        print(f"  ! {wal} did not run: {why.splitlines()[0] if why else why}")
+    pairs = comparisons(results)
+    if pairs:
+        print("\nours / tarantool in the same run (tasks/s; server CPU per task):")
+        for wal, ratio, cpu_ratio in pairs:
+            print(f"  wal={wal}: {ratio:.2f}x tasks/s, {cpu_ratio:.2f}x server CPU per task")
+
+
+def comparisons(results: Sequence[Measurement]) -> list[tuple[str, float, float]]:
+    """(wal, tasks/s ratio, server CPU per task ratio) of ours against Tarantool."""
+    out = []
+    for m in results:
+        if m.target != "ours":
+            continue
+        for t in results:
+            if t.target == "tarantool" and t.wal == m.wal and t.tasks_per_s and t.server_cpu_us_per_task:
+                out.append((m.wal, m.tasks_per_s / t.tasks_per_s, m.server_cpu_us_per_task / t.server_cpu_us_per_task))
+    return out
 
 
 # --------------------------------------------------------------------------- main
@@ -800,6 +853,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=max(1, os.cpu_count() or 1),
         help="load generator processes; producers and consumers are spread over them",
     )
+    parser.add_argument(
+        "--target", choices=TARGETS, default="ours",
+        help="boxqueue, Tarantool with tarantool/queue (needs --queue-module), or both, one after the other",
+    )
+    parser.add_argument(
+        "--queue-module", type=Path,
+        help="folder holding tarantool/queue's queue/init.lua (e.g. ../shared/anchors/tarantool-queue)",
+    )
+    parser.add_argument("--tarantool-bin", default="tarantool", help="the reference server")
+    parser.add_argument("--memtx-memory", type=int, default=512 * 1024 * 1024, help="Tarantool's memtx arena, bytes")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     return parser
 
@@ -836,25 +899,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
 
+    targets = ["ours", "tarantool"] if args.target == "both" else [args.target]
+    if "tarantool" in targets and (args.queue_module is None or not (args.queue_module / "queue" / "init.lua").exists()):
+        print("--target tarantool needs --queue-module DIR with DIR/queue/init.lua", file=sys.stderr)
+        return 2
     results: list[Measurement] = []
     failures: dict[str, str] = {}
     for wal in args.wal:
-        print(f"[wal={wal}] starting server", flush=True)
-        try:
-            with QueueServer("ours", wal, args) as server:
-                m = measure(server.port, wal, args, server.proc.pid if server.proc else None)
-                if server.proc is not None and server.proc.poll() is not None:
-                    raise RuntimeError(f"server exited during the run\n{server.log_tail()}")
-                try:
-                    m.server = settled_statistics(server.port)
-                except (OSError, ProtocolError) as exc:
-                    m.server = QueueStats(error=f"statistics failed: {exc}")
-                check_server(m, args)
-                results.append(m)
-                print(describe(m), flush=True)
-        except Exception as exc:  # noqa: BLE001 - a mode that fails to run is reported
-            failures[wal] = str(exc)
-            print(f"[wal={wal}] FAILED: {exc}", flush=True)
+        for target in targets:
+            print(f"[{target} wal={wal}] starting server", flush=True)
+            try:
+                with QueueServer(target, wal, args) as server:
+                    pid = server.proc.pid if server.proc else None
+                    m = measure(server.port, wal, args, pid, target)
+                    if server.proc is not None and server.proc.poll() is not None:
+                        raise RuntimeError(f"server exited during the run\n{server.log_tail()}")
+                    try:
+                        m.server = settled_statistics(server.port, target=target)
+                    except (OSError, ProtocolError) as exc:
+                        m.server = QueueStats(error=f"statistics failed: {exc}")
+                    check_server(m, args)
+                    results.append(m)
+                    print(describe(m), flush=True)
+            except Exception as exc:  # noqa: BLE001 - a mode that fails to run is reported
+                failures[f"{target} wal={wal}"] = str(exc)
+                print(f"[{target} wal={wal}] FAILED: {exc}", flush=True)
 
     print_report(results, failures, args)
     if args.json:
@@ -874,6 +943,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "duration_s": args.duration,
             },
             "results": [asdict(m) | {"flagged": m.flagged} for m in results],
+            "comparison": [{"wal": w, "tasks_ratio": r, "server_cpu_ratio": c} for w, r, c in comparisons(results)],
             "failures": failures,
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,4 @@
+from boxqueue.compiled import pure_requested, use_pure_python
+
+if pure_requested():
+    use_pure_python()

@@ -374,18 +374,26 @@ class TomlReader:
         if "deckard" not in root:
             return None
         path: Key = ("deckard",)
-        t = self.table(root["deckard"], path, {"listen", "default_ttl_minutes", "allow_flush"})
+        t = self.table(root["deckard"], path, {"listen", "default_ttl_minutes", "allow_flush", "space"})
         return DeckardConfig(
             listen=self.address(t, path, "listen", DEFAULT_DECKARD_LISTEN),
             default_ttl_minutes=self.integer(t, path, "default_ttl_minutes", 1440, minimum=1),
             allow_flush=self.boolean(t, path, "allow_flush", True),
+            space=self.space_name(t, path, "deckard"),
         )
+
+    def space_name(self, t: dict[str, Any], path: Key, default: str) -> str:
+        """The ``space`` of a facade: a space name (no control characters, at most 64)."""
+        name = self.name(t, path, "space", default)
+        if len(name) > 64 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+            raise self.fail(path + ("space",), f"{dotted(path + ('space',))} is not a usable space name: {show(name)}")
+        return name
 
     def zaqar(self, root: dict[str, Any]) -> ZaqarConfig | None:
         if "zaqar" not in root:
             return None
         path: Key = ("zaqar",)
-        t = self.table(root["zaqar"], path, {"listen", "default_project", *ZAQAR_LIMITS})
+        t = self.table(root["zaqar"], path, {"listen", "default_project", "space", *ZAQAR_LIMITS})
         project = self.string(t, path, "default_project", None)
         if project == "" or (project is not None and len(project) > 256):
             raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
@@ -398,6 +406,7 @@ class TomlReader:
             listen=self.address(t, path, "listen", DEFAULT_ZAQAR_LISTEN),
             default_project=project,
             limits=limits,
+            space=self.space_name(t, path, "zaqar"),
         )
 
     def sonya(self, root: dict[str, Any]) -> SonyaConfig | None:

@@ -109,6 +109,7 @@ class DeckardConfig:
     listen: Address
     default_ttl_minutes: int = 1440
     allow_flush: bool = True
+    space: str = "deckard"  # the queue space of Deckard's queues: queue X is tube X of it
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class ZaqarConfig:
     default_project: str | None = None  # Z4: the project of requests without X-Project-Id
     # Z3: Zaqar's limits under Zaqar's option names; absent ones keep Zaqar's defaults.
     limits: tuple[tuple[str, int], ...] = ()
+    space: str = "zaqar"  # queues on no pool: queue Q of project P is tube "P/Q" of it
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from boxqueue.config import Address, Config, SpaceConfig
 from errcodes import BoxError
 from facades.sonya import serve_sonya
 from facades.zaqar import serve_zaqar
+from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
 from iproto_server.builtins import register_builtins
 from iproto_server.console import ConsoleServer
@@ -35,9 +36,10 @@ from storage.commit import GroupCommitter
 from storage.environment import Storage
 from tubes import box_queue
 from tubes.broadcast import Broadcast
-from tubes.claims import ClaimQueues
-from tubes.engine import QueueEngine
-from tubes.scored import ScoredQueues
+from tubes.engine import QueueEngine, QueueSpace
+from tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
+from tubes.migration import migrate
+from tubes.pools import PoolCatalog
 from tubes.task_events import catch_up, task_event_hook
 
 log = logging.getLogger(__name__)
@@ -128,9 +130,10 @@ class Server:
         self._stop = trio.Event()
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
-        self.scored: ScoredQueues | None = None
+        self.deckard_space: QueueSpace | None = None
+        self.zaqar_space: QueueSpace | None = None
         self.broadcast: Broadcast | None = None
-        self.claim_queues: ClaimQueues | None = None
+        self.zaqar_queues: ZaqarQueues | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -179,7 +182,7 @@ class Server:
                 max_packet=config.iproto.max_packet_bytes,
                 max_inflight=config.iproto.max_inflight_per_connection,
             )
-            engine = self.engine = QueueEngine(catalog)
+            engine = self.engine = QueueEngine(catalog, self._kinds())
             box_queue.register(procedures, engine)
             # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
             # last the committer, which commits whatever is still queued.
@@ -188,12 +191,10 @@ class Server:
                 await root.start(stats.run)
                 await root.start(lua.run)
                 await create_configured_spaces(catalog, config.spaces)
+                await self._own_spaces(engine)
                 await self._open_broadcast(engine)
                 async with trio.open_nursery() as engine_nursery:
                     await engine_nursery.start(engine.run)
-                    if config.deckard is not None:  # Deckard's queues are scored tubes
-                        self.scored = ScoredQueues(catalog)
-                        await engine_nursery.start(self.scored.run)
                     if self.handle_signals:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
@@ -218,6 +219,30 @@ class Server:
             storage.close()
             log.info("boxqueue stopped")
 
+    def _kinds(self) -> dict[str, TubeKind]:
+        """The kinds of tubes, with the defaults the configuration gives them."""
+        kinds = {BOX_QUEUE_KIND.name: BOX_QUEUE_KIND}
+        if self.config.deckard is not None:
+            kind = deckard_kind(self.config.deckard.default_ttl_minutes)
+            kinds[kind.name] = kind
+        if self.config.zaqar is not None:
+            limits = Limits.configured(dict(self.config.zaqar.limits))
+            kind = zaqar_kind(limits.default_message_ttl, limits.default_claim_ttl)
+            kinds[kind.name] = kind
+        return kinds
+
+    async def _own_spaces(self, engine: QueueEngine) -> None:
+        """The spaces of the facades' queues, owned by the engine (created if new), and what the
+        three-engine layout left moved into them; before the engine recovers."""
+        await engine.open_owned()
+        if self.config.deckard is not None:
+            self.deckard_space = await engine.own_space(self.config.deckard.space, engine.kinds["deckard"])
+        if self.config.zaqar is not None:
+            self.zaqar_space = await engine.own_space(self.config.zaqar.space, engine.kinds["zaqar"])
+        assert self.catalog is not None
+        await migrate(self.catalog, engine, deckard=self.deckard_space, zaqar=self.zaqar_space,
+                      zaqar_kind=engine.kinds.get("zaqar"))
+
     async def _open_broadcast(self, engine: QueueEngine) -> None:
         """The broadcast tubes behind the Sonya facade, with the task-event hook in place before
         the engine recovers (so the restart's own transitions are published too)."""
@@ -235,17 +260,21 @@ class Server:
             caught_up = catch_up(broadcast, engine, sonya.task_events)
             if caught_up:
                 log.info("published %d task events a stop had left unpublished", caught_up)
-            engine.hooks.append(task_event_hook(broadcast, sonya.task_events))
+            engine.hooks.append(task_event_hook(broadcast, engine, sonya.task_events))
+
+    async def _connect_pool(self, space_name: str) -> None:
+        """A Zaqar pool's space is one of the engine's Zaqar spaces."""
+        await self.engine.own_space(space_name, self.engine.kinds["zaqar"])
 
     async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> Callable[[], None]:
-        """Start the HTTP facades (Zaqar's claim queues in the engine's nursery); returns what
-        stops them gracefully (answering long-polls)."""
+        """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
         stopping = trio.Event()
         zaqar = self.config.zaqar
-        if zaqar is not None:
+        if zaqar is not None and self.zaqar_space is not None:
             assert self.catalog is not None
-            queues = self.claim_queues = ClaimQueues(self.catalog)
-            await engine_nursery.start(queues.run)
+            pools = PoolCatalog(self.catalog, connect=self._connect_pool)
+            queues = self.zaqar_queues = ZaqarQueues(self.engine, self.zaqar_space, self.engine.kinds["zaqar"], pools)
+            await queues.open()
             self.ports.extra["zaqar"] = await facades.start(
                 lambda task_status: serve_zaqar(
                     queues,
@@ -301,11 +330,12 @@ class Server:
                 lambda task_status: console.listen(admin.host, admin.port, connections, task_status=task_status)
             )
         deckard = self.config.deckard
-        if deckard is not None and self.scored is not None:
+        if deckard is not None and self.deckard_space is not None:
             from facades.deckard.server import DeckardFacade  # grpcio loads only when served
 
             facade = DeckardFacade(
-                self.scored,
+                self.engine,
+                self.deckard_space.id,
                 deckard.listen.host,
                 deckard.listen.port,
                 default_ttl_minutes=deckard.default_ttl_minutes,

@@ -1,3 +1,4 @@
+# cython: annotation_typing=True
 """The iproto codec, sans-IO: bytes in, :class:`Request` events out; responses to bytes.
 
 Nothing here touches a socket. :class:`RequestDecoder` is fed whatever arrived and hands back
@@ -10,18 +11,30 @@ Framing rules kept here (see the iproto notes, section 2):
 * a bad length prefix, or one above the configured maximum, is fatal: answer, then close;
 * a bad header or body is answered with ER_INVALID_MSGPACK and the connection goes on;
 * the raw bytes of the body's TUPLE are kept, so tuples are stored exactly as sent.
+
+The header is checked as Tarantool 2.6 checks it (``xrow_header_decode``): the header must be one
+well-formed map whose keys are unsigned integers below ``IPROTO_KEY_MAX`` (0x53), each value of
+the msgpack type Tarantool expects for its key (``iproto_key_type``). Anything else is "packet
+header"; the reply carries the sync read before the fault, which is 0 when the header could not
+be read at all.
+
+This module is compiled with Cython (pure-Python mode; see ``boxqueue/compiled.py``). Requests in
+the common shapes (a small header map; a body of the usual keys holding unsigned ints, strings and
+arrays) are decoded here byte by byte into typed fields, without building the body as a dict;
+every other request goes through msgpack and is checked the slow, general way. Both paths give the
+same values.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any
 
+import cython
 import msgpack
 
 from errcodes import ER, BoxError
-from spaces.msgpack_values import Raw, ext_hook, make_unpacker, pack, pack_array
+from spaces.msgpack_values import Raw, make_unpacker, pack, pack_array, unpack
 
 # Request and response types
 SELECT = 1
@@ -85,28 +98,113 @@ ERROR_ERRNO = 0x04
 ERROR_CODE = 0x05
 ERROR_FIELDS = 0x06
 
+# The same numbers as C constants for the decoder: a module attribute costs more than the test.
+_T_INSERT = cython.declare(cython.ulonglong, INSERT)
+_T_REPLACE = cython.declare(cython.ulonglong, REPLACE)
+_T_UPSERT = cython.declare(cython.ulonglong, UPSERT)
+_H_TYPE = cython.declare(cython.uint, REQUEST_TYPE)
+_H_SYNC = cython.declare(cython.uint, SYNC)
+_H_SCHEMA = cython.declare(cython.uint, SCHEMA_VERSION)
+_H_STREAM = cython.declare(cython.uint, STREAM_ID)
+_K_SPACE_ID = cython.declare(cython.uint, SPACE_ID)
+_K_INDEX_ID = cython.declare(cython.uint, INDEX_ID)
+_K_LIMIT = cython.declare(cython.uint, LIMIT)
+_K_OFFSET = cython.declare(cython.uint, OFFSET)
+_K_ITERATOR = cython.declare(cython.uint, ITERATOR)
+_K_INDEX_BASE = cython.declare(cython.uint, INDEX_BASE)
+_K_KEY = cython.declare(cython.uint, KEY)
+_K_TUPLE = cython.declare(cython.uint, TUPLE)
+_K_FUNCTION_NAME = cython.declare(cython.uint, FUNCTION_NAME)
+_K_EXPR = cython.declare(cython.uint, EXPR)
+_K_OPS = cython.declare(cython.uint, OPS)
+
+# Tarantool 2.6's header check: keys below IPROTO_KEY_MAX, each with the msgpack type of
+# iproto_key_type[key] (keys Tarantool 2.6 gives no type to expect nil).
+KEY_MAX = 0x53
+MP_NIL, MP_UINT, MP_INT, MP_STR, MP_BIN, MP_ARRAY, MP_MAP, MP_BOOL, MP_FLOAT, MP_DOUBLE, MP_EXT = range(11)
+_KEY_TYPES = (
+    [MP_UINT] * 4 + [MP_DOUBLE] + [MP_UINT] * 27  # 0x00-0x1f (0x04: timestamp)
+    + [MP_ARRAY, MP_ARRAY, MP_STR, MP_STR, MP_STR, MP_STR, MP_MAP, MP_STR, MP_ARRAY, MP_MAP, MP_MAP, MP_MAP]
+    + [MP_NIL] * (KEY_MAX - 0x2C)
+)
+
 # The bodies whose TUPLE is stored as sent.
 _KEEP_RAW_TUPLE = frozenset({INSERT, REPLACE, UPSERT})
 
+ABSENT = -1  # a typed unsigned field the body did not hold
 
-@dataclass(slots=True)
+
+@cython.cclass
 class Request:
-    """One decoded request. ``body`` maps body keys to values; ``tuple_raw`` is TUPLE as sent."""
+    """One decoded request.
 
-    type: int
-    sync: int
-    schema_version: int
-    body: dict[int, Any]
-    tuple_raw: bytes | None = None
-    stream_id: int = 0
+    The header is always typed. The body is either decoded into the typed fields (``typed``:
+    unsigned fields hold ``ABSENT`` when missing, objects ``None``), or, for unusual requests,
+    kept as a dict in ``body`` (body keys to values) with ``typed`` false. ``body`` is always
+    readable; for a typed request it is rebuilt from the fields. ``tuple_raw`` is TUPLE as sent.
+    """
 
 
-@dataclass(slots=True)
+    def __init__(
+        self,
+        type: int,  # noqa: A002 - the iproto name
+        sync: int,
+        schema_version: int,
+        body: dict[int, Any],
+        tuple_raw: bytes | None = None,
+        stream_id: int = 0,
+    ) -> None:
+        _init_header(self, type, sync, schema_version, stream_id)
+        self._body = body
+        self.tuple_raw = tuple_raw
+
+    @property
+    def body(self) -> dict[int, Any]:
+        if self._body is None:
+            self._body = _body_of(self)
+        return self._body
+
+    def __repr__(self) -> str:
+        return f"Request(type={self.type}, sync={self.sync}, body={self.body!r})"
+
+
+@cython.cfunc
+def _init_header(r: Request, rtype: cython.ulonglong, sync: cython.ulonglong, schema: cython.ulonglong,
+                 stream: cython.ulonglong) -> cython.void:
+    r.type = rtype
+    r.sync = sync
+    r.schema_version = schema
+    r.stream_id = stream
+    r.tuple_raw = None
+    r.typed = False
+    r.present = 0
+    r.space_id = r.index_id = r.limit = r.offset = r.iterator = r.index_base = ABSENT
+    r.key = r.tuple = r.ops = r.function_name = r.expr = None
+    r._body = None
+
+
+def _body_of(r: Request) -> dict[int, Any]:
+    """The body dict of a typed request (only the keys it held)."""
+    body: dict[int, Any] = {}
+    for key, value in ((SPACE_ID, r.space_id), (INDEX_ID, r.index_id), (LIMIT, r.limit),
+                       (OFFSET, r.offset), (ITERATOR, r.iterator), (INDEX_BASE, r.index_base)):
+        if value != ABSENT:
+            body[key] = value
+    for key, value in ((KEY, r.key), (TUPLE, r.tuple), (OPS, r.ops), (FUNCTION_NAME, r.function_name),
+                       (EXPR, r.expr)):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+@cython.cclass
 class BadRequest:
     """A request that could be framed but not decoded: answer ``error`` under ``sync``."""
 
-    sync: int
-    error: BoxError
+
+    def __init__(self, sync: int, error: BoxError) -> None:
+        self.sync = sync
+        self.error = error
 
 
 class FramingError(Exception):
@@ -117,136 +215,461 @@ class FramingError(Exception):
         self.error = error
 
 
+class _NotSimple(Exception):
+    """Raised inside the fast decoder: this packet takes the general path."""
+
+
+_NOT_SIMPLE = _NotSimple()
+
+
+# -- reading msgpack from a bytes buffer ----------------------------------------------------------
+
+
+@cython.cfunc
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.exceptval(-2, check=False)
+def _skip(buf: bytes, p: cython.Py_ssize_t, end: cython.Py_ssize_t) -> cython.Py_ssize_t:
+    """The position after the msgpack value at ``p`` (containers included), or -1 when it is
+    malformed or does not end by ``end``: Tarantool's ``mp_check`` plus ``mp_next``."""
+    pending: cython.Py_ssize_t = 1
+    b: cython.uint
+    n: cython.Py_ssize_t
+    while pending:
+        if p >= end:
+            return -1
+        b = buf[p]
+        pending -= 1
+        if b <= 0x7F or b >= 0xE0 or b == 0xC0 or b == 0xC2 or b == 0xC3:
+            p += 1
+        elif b <= 0x8F:
+            pending += 2 * (b & 0x0F)
+            p += 1
+        elif b <= 0x9F:
+            pending += b & 0x0F
+            p += 1
+        elif b <= 0xBF:
+            p += 1 + (b & 0x1F)
+        elif b == 0xC4 or b == 0xD9 or b == 0xC7:  # bin8, str8, ext8
+            if p + 2 > end:
+                return -1
+            p += 2 + buf[p + 1] + (1 if b == 0xC7 else 0)
+        elif b == 0xC5 or b == 0xDA or b == 0xC8 or b == 0xDC or b == 0xDE:  # 16-bit sizes
+            if p + 3 > end:
+                return -1
+            n = (buf[p + 1] << 8) | buf[p + 2]
+            if b == 0xDC:
+                pending += n
+                p += 3
+            elif b == 0xDE:
+                pending += 2 * n
+                p += 3
+            else:
+                p += 3 + n + (1 if b == 0xC8 else 0)
+        elif b == 0xC6 or b == 0xDB or b == 0xC9 or b == 0xDD or b == 0xDF:  # 32-bit sizes
+            if p + 5 > end:
+                return -1
+            n = (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4]
+            if b == 0xDD:
+                pending += n
+                p += 5
+            elif b == 0xDF:
+                pending += 2 * n
+                p += 5
+            else:
+                p += 5 + n + (1 if b == 0xC9 else 0)
+        elif b == 0xCA:
+            p += 5
+        elif b == 0xCB:
+            p += 9
+        elif b >= 0xCC and b <= 0xD3:  # uint8..64, int8..64
+            p += 1 + (1 << ((b - 0xCC) & 3))
+        elif b >= 0xD4 and b <= 0xD8:  # fixext 1, 2, 4, 8, 16
+            p += 2 + (1 << (b - 0xD4))
+        else:  # 0xC1 is never used
+            return -1
+    return p if p <= end else -1
+
+
+@cython.cfunc
+def _mp_type(b: cython.uint) -> cython.int:
+    """Tarantool's ``mp_typeof`` of a value's first byte."""
+    if b <= 0x7F or (b >= 0xCC and b <= 0xCF):
+        return MP_UINT
+    if b >= 0xE0 or (b >= 0xD0 and b <= 0xD3):
+        return MP_INT
+    if b <= 0x8F or b == 0xDE or b == 0xDF:
+        return MP_MAP
+    if b <= 0x9F or b == 0xDC or b == 0xDD:
+        return MP_ARRAY
+    if b <= 0xBF or (b >= 0xD9 and b <= 0xDB):
+        return MP_STR
+    if b == 0xC0:
+        return MP_NIL
+    if b == 0xC2 or b == 0xC3:
+        return MP_BOOL
+    if b >= 0xC4 and b <= 0xC6:
+        return MP_BIN
+    if b == 0xCA:
+        return MP_FLOAT
+    if b == 0xCB:
+        return MP_DOUBLE
+    return MP_EXT
+
+
+@cython.cfunc
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def _uint_at(buf: bytes, p: cython.Py_ssize_t) -> cython.ulonglong:
+    """The unsigned int at ``p`` (its type already checked and its bytes known to be there)."""
+    b: cython.uint = buf[p]
+    i: cython.int
+    width: cython.int
+    value: cython.ulonglong = 0
+    if b <= 0x7F:
+        return b
+    width = 1 << (b - 0xCC)
+    for i in range(width):
+        value = (value << 8) | buf[p + 1 + i]
+    return value
+
+
+# -- the decoder ----------------------------------------------------------------------------------
+
 _LEN_WIDTH = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
-_U32 = struct.Struct(">I")
 
 
+@cython.cclass
 class RequestDecoder:
     """Turns a byte stream into :class:`Request` and :class:`BadRequest` events.
 
-    Bytes are kept twice: in a buffer that frames packets (length prefixes, completeness, the raw
-    bytes of tuples) and in one long-lived msgpack unpacker fed each chunk once, which decodes the
-    headers and bodies in place. ``_origin`` is the buffer offset of the unpacker's position 0.
+    Received chunks are kept as they came; they are joined only when a packet spans two of them,
+    and then only once all of that packet is there.
     """
+
 
     def __init__(self, max_packet: int = 16 * 1024 * 1024) -> None:
         self.max_packet = max_packet
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
-        self._unpacker = _fast_unpacker(max_packet)
-        self._origin = 0
+        self._more = []
+        self._more_len = 0
+        self._p = 0
+        self._end = 0
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._more_len
 
     def feed(self, data: bytes) -> None:
-        pos = self._pos
-        if pos and (pos == len(self._buf) or pos > 65536):
-            # Drop what was framed already; buffer offsets, and the unpacker's origin, move back.
-            del self._buf[:pos]
-            self._origin -= pos
+        if self._pos >= len(self._buf) and not self._more_len:
+            self._buf = bytes(data)
             self._pos = 0
-        self._buf += data
-        self._unpacker.feed(data)
+        elif data:
+            self._more.append(bytes(data))
+            self._more_len += len(data)
 
+    @cython.cfunc
+    def _gather(self, size: cython.Py_ssize_t) -> cython.bint:
+        """Make the next ``size`` bytes contiguous in ``_buf``; False if they have not come yet."""
+        if len(self._buf) - self._pos >= size:
+            return True
+        if len(self._buf) - self._pos + self._more_len < size:
+            return False
+        self._buf = self._buf[self._pos:] + b"".join(self._more)
+        self._pos = 0
+        self._more = []
+        self._more_len = 0
+        return True
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     def next_event(self) -> Request | BadRequest | None:
         """The next complete request, or ``None`` until more bytes arrive.
 
         Raises :class:`FramingError` when the length prefix is unusable.
         """
-        buf = self._buf
-        pos = self._pos
-        size = len(buf)
-        if pos >= size:
-            return None
-        first = buf[pos]
+        pos: cython.Py_ssize_t = self._pos
+        first: cython.uint
+        width: cython.Py_ssize_t
+        start: cython.Py_ssize_t
+        length: cython.ulonglong
+        if pos >= len(self._buf):
+            if not self._more_len or not self._gather(1):
+                return None
+            pos = self._pos
+        first = self._buf[pos]
         if first <= 0x7F:
-            length = first
-            start = pos + 1
-        elif first == 0xCE:
-            if size - pos < 5:
-                return None
-            length = _U32.unpack_from(buf, pos + 1)[0]
-            start = pos + 5
+            width = 0
+        elif first >= 0xCC and first <= 0xCF:
+            width = 1 << (first - 0xCC)
         else:
-            width = _LEN_WIDTH.get(first)
-            if width is None:
-                raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
-            if size - pos < 1 + width:
-                return None
-            length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
-            start = pos + 1 + width
-        if length > self.max_packet:
             raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
-        end = start + length
-        if size < end:
+        if not self._gather(1 + width):
             return None
-        self._pos = end
-        # The fast path: the shared unpacker, positioned at this packet's length prefix.
-        unpacker = self._unpacker
-        origin = self._origin
+        pos = self._pos
+        length = _uint_at(self._buf, pos)
+        if length > cython.cast(cython.ulonglong, self.max_packet):
+            raise FramingError(BoxError(ER.INVALID_MSGPACK, "packet length"))
+        if not self._gather(1 + width + cython.cast(cython.Py_ssize_t, length)):
+            return None
+        start = self._pos + 1 + width
+        self._end = start + cython.cast(cython.Py_ssize_t, length)
+        self._pos = self._end
         try:
-            unpacker.skip()  # the length prefix, already read above
-            header = unpacker.unpack()
-            rtype = header.get(REQUEST_TYPE, 0)
-            tuple_raw = None
-            if origin + unpacker.tell() == end:
-                body: Any = {}
-            elif rtype in _KEEP_RAW_TUPLE:
-                body, tuple_raw = _body_keeping_tuple(unpacker, buf, -origin)
+            return self._decode_simple(start)
+        except _NotSimple:
+            return decode_packet(self._buf[start:self._end])
+
+    # -- the fast decoder: the usual shapes only, anything else raises _NotSimple ------------
+
+    @cython.cfunc
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def _decode_simple(self, start: cython.Py_ssize_t) -> Request:
+        buf: bytes = self._buf
+        end: cython.Py_ssize_t = self._end
+        p: cython.Py_ssize_t = start
+        b: cython.uint
+        count: cython.uint
+        key: cython.uint
+        rtype: cython.ulonglong = 0
+        sync: cython.ulonglong = 0
+        schema: cython.ulonglong = 0
+        stream: cython.ulonglong = 0
+        value: cython.ulonglong
+        request: Request
+        if p >= end:
+            raise _NOT_SIMPLE
+        b = buf[p]
+        if b < 0x80 or b > 0x8F:
+            raise _NOT_SIMPLE
+        count = b & 0x0F
+        p += 1
+        while count:
+            count -= 1
+            if p + 2 > end:
+                raise _NOT_SIMPLE
+            key = buf[p]
+            b = buf[p + 1]
+            if key >= 0x20 or key == 0x04 or not (b <= 0x7F or (b >= 0xCC and b <= 0xCF)):
+                raise _NOT_SIMPLE
+            if b > 0x7F and p + 2 + (1 << (b - 0xCC)) > end:
+                raise _NOT_SIMPLE
+            value = _uint_at(buf, p + 1)
+            p += 2 if b <= 0x7F else 2 + (1 << (b - 0xCC))
+            if key == _H_TYPE:
+                rtype = value
+            elif key == _H_SYNC:
+                sync = value
+            elif key == _H_SCHEMA:
+                schema = value
+            elif key == _H_STREAM:
+                stream = value
+        request = Request.__new__(Request)
+        _init_header(request, rtype, sync, schema, stream)
+        if p == end:
+            request.typed = True
+            return request
+        self._p = p
+        self._decode_body(request)
+        if self._p != end:
+            raise _NOT_SIMPLE
+        request.typed = True
+        return request
+
+    @cython.cfunc
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def _decode_body(self, request: Request) -> cython.void:
+        buf: bytes = self._buf
+        end: cython.Py_ssize_t = self._end
+        p: cython.Py_ssize_t = self._p
+        b: cython.uint
+        count: cython.uint
+        key: cython.uint
+        value: cython.ulonglong
+        start: cython.Py_ssize_t
+        b = buf[p]
+        if b < 0x80 or b > 0x8F:
+            raise _NOT_SIMPLE
+        count = b & 0x0F
+        p += 1
+        while count:
+            count -= 1
+            if p + 2 > end:
+                raise _NOT_SIMPLE
+            key = buf[p]
+            b = buf[p + 1]
+            p += 1
+            if key < 64:
+                request.present |= cython.cast(cython.ulonglong, 1) << key
+            if key >= _K_SPACE_ID and key <= _K_INDEX_BASE:
+                if b <= 0x7F:
+                    value = b
+                    p += 1
+                elif b >= 0xCC and b <= 0xCE:  # uint8..32: no value above 2^63
+                    if p + 1 + (1 << (b - 0xCC)) > end:
+                        raise _NOT_SIMPLE
+                    value = _uint_at(buf, p)
+                    p += 1 + (1 << (b - 0xCC))
+                else:
+                    raise _NOT_SIMPLE
+                if key == _K_SPACE_ID:
+                    request.space_id = value
+                elif key == _K_INDEX_ID:
+                    request.index_id = value
+                elif key == _K_LIMIT:
+                    request.limit = value
+                elif key == _K_OFFSET:
+                    request.offset = value
+                elif key == _K_ITERATOR:
+                    request.iterator = value
+                else:
+                    request.index_base = value
+            elif key == _K_KEY or key == _K_TUPLE or key == _K_OPS:
+                if not ((b >= 0x90 and b <= 0x9F) or b == 0xDC or b == 0xDD):
+                    raise _NOT_SIMPLE
+                start = p
+                self._p = p
+                if key == _K_KEY:
+                    request.key = self._array()
+                elif key == _K_TUPLE:
+                    request.tuple = self._array()
+                    if request.type == _T_INSERT or request.type == _T_REPLACE or request.type == _T_UPSERT:
+                        request.tuple_raw = buf[start:self._p]
+                else:
+                    request.ops = self._array()
+                p = self._p
+            elif key == _K_FUNCTION_NAME or key == _K_EXPR:
+                if not ((b >= 0xA0 and b <= 0xBF) or (b >= 0xD9 and b <= 0xDB)):
+                    raise _NOT_SIMPLE
+                self._p = p
+                if key == _K_FUNCTION_NAME:
+                    request.function_name = self._value()
+                else:
+                    request.expr = self._value()
+                p = self._p
             else:
-                body = unpacker.unpack()
-            if origin + unpacker.tell() == end and type(body) is dict:
-                sync = header.get(SYNC, 0)
-                version = header.get(SCHEMA_VERSION, 0)
-                if type(sync) is int and sync >= 0 and type(rtype) is int and type(version) is int:
-                    return Request(rtype, sync, version, body, tuple_raw, header.get(STREAM_ID, 0))
-        except Exception:
-            pass
-        # Something unusual: decode this packet on its own (maps with unhashable keys kept as
-        # pairs, precise errors), and restart the shared unpacker at the next packet.
-        packet = bytes(buf[start:end])
-        self._unpacker = unpacker = _fast_unpacker(self.max_packet)
-        unpacker.feed(bytes(buf[end:]))
-        self._origin = end
-        return decode_packet(packet)
+                raise _NOT_SIMPLE
+        self._p = p
+
+    @cython.cfunc
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def _array(self) -> list:
+        """The array at the cursor, as a list; the cursor moves past it."""
+        buf: bytes = self._buf
+        p: cython.Py_ssize_t = self._p
+        b: cython.uint = buf[p]
+        n: cython.Py_ssize_t
+        i: cython.Py_ssize_t
+        items: list
+        if b <= 0x9F:
+            n = b & 0x0F
+            p += 1
+        elif b == 0xDC:
+            if p + 3 > self._end:
+                raise _NOT_SIMPLE
+            n = (buf[p + 1] << 8) | buf[p + 2]
+            p += 3
+        else:
+            if p + 5 > self._end:
+                raise _NOT_SIMPLE
+            n = (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4]
+            p += 5
+        if n > self._end - p:  # every item takes a byte at least
+            raise _NOT_SIMPLE
+        items = [None] * n
+        self._p = p
+        for i in range(n):
+            items[i] = self._value()
+        return items
+
+    @cython.cfunc
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    def _value(self) -> object:
+        """The value at the cursor (ints, strings, nil and booleans here; anything else through
+        msgpack); the cursor moves past it."""
+        buf: bytes = self._buf
+        p: cython.Py_ssize_t = self._p
+        end: cython.Py_ssize_t = self._end
+        b: cython.uint
+        n: cython.Py_ssize_t
+        after: cython.Py_ssize_t
+        if p >= end:
+            raise _NOT_SIMPLE
+        b = buf[p]
+        if b <= 0x7F:
+            self._p = p + 1
+            return b
+        if b >= 0xA0 and b <= 0xBF:
+            n = b & 0x1F
+            p += 1
+        elif b == 0xD9:
+            if p + 2 > end:
+                raise _NOT_SIMPLE
+            n = buf[p + 1]
+            p += 2
+        elif b == 0xDA:
+            if p + 3 > end:
+                raise _NOT_SIMPLE
+            n = (buf[p + 1] << 8) | buf[p + 2]
+            p += 3
+        elif b >= 0xCC and b <= 0xCF:
+            n = 1 << (b - 0xCC)
+            if p + 1 + n > end:
+                raise _NOT_SIMPLE
+            self._p = p + 1 + n
+            return _uint_at(buf, p)
+        elif b >= 0xE0:
+            self._p = p + 1
+            return cython.cast(cython.int, b) - 256
+        elif b == 0xC0:
+            self._p = p + 1
+            return None
+        elif b == 0xC2 or b == 0xC3:
+            self._p = p + 1
+            return b == 0xC3
+        else:
+            after = _skip(buf, p, end)
+            if after < 0:
+                raise _NOT_SIMPLE
+            self._p = after
+            return _unpack_value(buf[p:after])
+        if p + n > end:
+            raise _NOT_SIMPLE
+        self._p = p + n
+        return buf[p:p + n].decode("utf-8", "surrogateescape")
 
 
-def _fast_unpacker(max_packet: int) -> msgpack.Unpacker:
-    # It never holds more than one unfinished packet and one received chunk.
-    return msgpack.Unpacker(
-        raw=False,
-        unicode_errors="surrogateescape",
-        strict_map_key=False,
-        ext_hook=ext_hook,
-        max_buffer_size=2 * max_packet + (1 << 20),
-    )
+def _unpack_value(data: bytes) -> Any:
+    try:
+        return unpack(data)
+    except Exception:
+        raise _NOT_SIMPLE from None
+
+
+# -- the general path -----------------------------------------------------------------------------
 
 
 def decode_packet(packet: bytes) -> Request | BadRequest:
     """Decode one packet (header map, then optional body map) without its length prefix."""
+    header_end = _skip(packet, 0, len(packet))
+    if header_end < 0 or _mp_type(packet[0]) != MP_MAP:
+        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
+    checked = _check_header(packet, header_end)
+    if type(checked) is BadRequest:
+        return checked
+    rtype, sync, schema_version, stream_id = checked
+    if header_end == len(packet):
+        return Request(rtype, sync, schema_version, {}, None, stream_id)
     unpacker = make_unpacker(max(len(packet), 16))
     unpacker.feed(packet)
-    try:
-        header = unpacker.unpack()
-    except Exception:
-        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
-    if type(header) is not dict:
-        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
-    sync = header.get(SYNC, 0)
-    rtype = header.get(REQUEST_TYPE, 0)
-    schema_version = header.get(SCHEMA_VERSION, 0)
-    stream_id = header.get(STREAM_ID, 0)
-    if type(sync) is not int or sync < 0:
-        return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
-    if type(rtype) is not int or type(schema_version) is not int or type(stream_id) is not int:
-        return BadRequest(sync, BoxError(ER.INVALID_MSGPACK, "packet header"))
-    body_start = unpacker.tell()
-    if body_start == len(packet):
-        return Request(rtype, sync, schema_version, {}, None, stream_id)
     tuple_raw = None
     try:
+        unpacker.skip()  # the header, checked above
         if rtype in _KEEP_RAW_TUPLE:
             body, tuple_raw = _body_keeping_tuple(unpacker, packet, 0)
         else:
@@ -260,8 +683,28 @@ def decode_packet(packet: bytes) -> Request | BadRequest:
     return Request(rtype, sync, schema_version, body, tuple_raw, stream_id)
 
 
+def _check_header(packet: bytes, header_end: int) -> tuple[int, int, int, int] | BadRequest:
+    """Tarantool's key and type checks of a well-formed header map: (type, sync, schema
+    version, stream id), or the error, with the sync read before the fault."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(packet), 16))
+    unpacker.feed(packet[:header_end])
+    fields = {REQUEST_TYPE: 0, SYNC: 0, SCHEMA_VERSION: 0, STREAM_ID: 0}
+    for _ in range(unpacker.read_map_header()):
+        at = unpacker.tell()
+        if _mp_type(packet[at]) != MP_UINT:
+            return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
+        key = unpacker.unpack()
+        at = unpacker.tell()
+        if key >= KEY_MAX or _KEY_TYPES[key] != _mp_type(packet[at]):
+            return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
+        value = unpacker.unpack()
+        if key in fields:
+            fields[key] = value
+    return fields[REQUEST_TYPE], fields[SYNC], fields[SCHEMA_VERSION], fields[STREAM_ID]
+
+
 def _body_keeping_tuple(
-    unpacker: msgpack.Unpacker, data: bytes | bytearray, base: int
+    unpacker: msgpack.Unpacker, data: bytes, base: int
 ) -> tuple[dict[int, Any], bytes | None]:
     """Decode a body map, also returning TUPLE's bytes: ``data[unpacker.tell() - base]`` is where
     the unpacker stands."""
@@ -280,27 +723,75 @@ def _body_keeping_tuple(
 
 # -- responses ----------------------------------------------------------------------------------
 
-_RESPONSE_HEAD = struct.Struct(">BIBBBIBBQBBI")
-_HEAD_LEN = _RESPONSE_HEAD.size - 5
+_HEAD_LEN = 23  # the header map: 0x83, type/code as uint32, sync as uint64, schema as uint32
+_HEAD = b"\xce\x00\x00\x00\x00\x83\x00\xce\x00\x00\x00\x00\x01\xcf" + bytes(8) + b"\x05\xce" + bytes(4)
+
+
+@cython.ccall
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_response(out: bytearray, sync: cython.ulonglong, schema_version: cython.ulonglong, body: bytes,
+                   code: cython.ulonglong = 0) -> cython.void:
+    """Append a whole response packet to ``out``: ``0xCE`` length, the header map, then ``body``
+    (msgpack bytes)."""
+    at: cython.Py_ssize_t = len(out)
+    length: cython.ulonglong = _HEAD_LEN + len(body)
+    i: cython.int
+    out += _HEAD
+    out += body
+    for i in range(4):
+        out[at + 1 + i] = (length >> (24 - 8 * i)) & 0xFF
+        out[at + 8 + i] = (code >> (24 - 8 * i)) & 0xFF
+        out[at + 24 + i] = (schema_version >> (24 - 8 * i)) & 0xFF
+    for i in range(8):
+        out[at + 14 + i] = (sync >> (56 - 8 * i)) & 0xFF
+
+
+@cython.ccall
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def write_tuples_response(out: bytearray, sync: cython.ulonglong, schema_version: cython.ulonglong,
+                          tuples: list) -> cython.void:
+    """Append the answer ``{DATA: [tuples...]}`` (tuples already msgpack, array32 as Tarantool)
+    without building the body first."""
+    at: cython.Py_ssize_t = len(out)
+    n: cython.Py_ssize_t = len(tuples)
+    length: cython.ulonglong = _HEAD_LEN + 7
+    i: cython.int
+    t: bytes
+    for t in tuples:
+        length += len(t)
+    out += _HEAD
+    out += _TUPLES_HEAD
+    for t in tuples:
+        out += t
+    for i in range(4):
+        out[at + 1 + i] = (length >> (24 - 8 * i)) & 0xFF
+        out[at + 24 + i] = (schema_version >> (24 - 8 * i)) & 0xFF
+        out[at + 31 + i] = (n >> (24 - 8 * i)) & 0xFF
+    for i in range(8):
+        out[at + 14 + i] = (sync >> (56 - 8 * i)) & 0xFF
 
 
 def response(sync: int, schema_version: int, body: bytes, code: int = 0) -> bytes:
     """A whole response packet: ``0xCE`` length, the header map, then ``body`` (msgpack bytes)."""
-    return _RESPONSE_HEAD.pack(
-        0xCE, _HEAD_LEN + len(body), 0x83, REQUEST_TYPE, 0xCE, code, SYNC, 0xCF, sync,
-        SCHEMA_VERSION, 0xCE, schema_version,
-    ) + body
+    out = bytearray()
+    write_response(out, sync, schema_version, body, code)
+    return bytes(out)
 
 
 EMPTY_BODY = b"\x80"
 EMPTY_TUPLES_BODY = b"\x81\x30\xdd\x00\x00\x00\x00"
+_TUPLES_HEAD = b"\x81\x30\xdd\x00\x00\x00\x00"  # the count is written in place
+_ONE_TUPLE = b"\x81\x30\xdd\x00\x00\x00\x01"
+_U32 = struct.Struct(">I")
 
 
 def data_body_from_tuples(tuples: list[bytes]) -> bytes:
     """``{DATA: [...]}`` from tuples that are already msgpack bytes (array32, as Tarantool)."""
     if len(tuples) == 1:
-        return b"\x81\x30\xdd\x00\x00\x00\x01" + tuples[0]
-    return b"\x81\x30\xdd" + len(tuples).to_bytes(4, "big") + b"".join(tuples)
+        return _ONE_TUPLE + tuples[0]
+    return b"\x81\x30\xdd" + _U32.pack(len(tuples)) + b"".join(tuples)
 
 
 def data_body(values: list[Any]) -> bytes:
@@ -331,6 +822,7 @@ def id_body(version: int, features: list[int], auth_type: str = "chap-sha1") -> 
 
 
 __all__ = [
+    "ABSENT",
     "BadRequest",
     "FramingError",
     "Raw",
@@ -343,4 +835,6 @@ __all__ = [
     "error_response",
     "id_body",
     "response",
+    "write_response",
+    "write_tuples_response",
 ]

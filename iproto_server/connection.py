@@ -48,7 +48,7 @@ class Connection:
         self.max_inflight = max_inflight
         self.inflight = 0
         self._slot_freed = trio.Event()
-        self._out: list[bytes] = []
+        self._out = bytearray()  # answers not sent yet; swapped for a new one when sent
         self._output_ready = trio.Event()
         self._drained = trio.Event()
         self._reading = trio.CancelScope()
@@ -92,13 +92,9 @@ class Connection:
         receive = self.io.receive
         checkpoint = trio.lowlevel.checkpoint
         decoder = self.decoder
-        next_event = decoder.next_event
-        dispatcher = self.dispatcher
-        handle = dispatcher.handle
+        handle_all = self.dispatcher.handle_all
         session = self.session
         reply_later = self._reply_later
-        out = self._out
-        request_type = codec.Request
         while True:
             await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
@@ -109,29 +105,24 @@ class Connection:
                 return True
             decoder.feed(data)
             while True:
-                try:
-                    event = next_event()
-                except codec.FramingError as exc:
-                    out.append(dispatcher.error(0, exc.error))
+                pending, tasks, framing_error = handle_all(
+                    session, decoder, self._out, reply_later, self.max_inflight - self.inflight
+                )
+                self.inflight += pending
+                if tasks is not None:
+                    for task in tasks:
+                        nursery.start_soon(self._run, task)
+                if framing_error is not None:
+                    self._out += self.dispatcher.error(0, framing_error.error)
                     self._output_ready.set()
                     return False
-                if event is None:
-                    break
-                if type(event) is not request_type:
-                    out.append(dispatcher.error(event.sync, event.error))
-                    continue
-                result = handle(session, event, reply_later)
-                if type(result) is bytes:
-                    out.append(result)
-                    continue
-                self.inflight += 1
-                if result is not None:
-                    nursery.start_soon(self._run, result)
+                if self.inflight < self.max_inflight:
+                    break  # the decoder holds no more complete requests
                 while self.inflight >= self.max_inflight:
                     self._output_ready.set()  # let the sender answer what is ready meanwhile
                     self._slot_freed = trio.Event()
                     await self._slot_freed.wait()
-            if out and not self._sending:
+            if self._out and not self._sending:
                 # Answer this chunk's quick requests now, without waking the sender task; a full
                 # socket buffer blocks here, which stops reading: the client is pushed back.
                 try:
@@ -141,7 +132,7 @@ class Connection:
 
     def _reply_later(self, packet: bytes) -> None:
         """The answer to a request that was left pending (a write waiting for its commit)."""
-        self._out.append(packet)
+        self._out += packet
         self._output_ready.set()
         self._release()
 
@@ -151,7 +142,8 @@ class Connection:
 
     async def _run(self, pending: Coroutine[Any, Any, bytes]) -> None:
         try:
-            self._out.append(await pending)
+            packet = await pending  # first: the buffer may be swapped while this waits
+            self._out += packet
             self._output_ready.set()
         finally:
             self._release()
@@ -165,17 +157,16 @@ class Connection:
             await self._drained.wait()
 
     async def _send_pending(self) -> None:
-        """Write everything queued; only one task sends at a time (``_sending``)."""
-        out = self._out
+        """Write everything queued; only one task sends at a time (``_sending``). The buffer being
+        sent is swapped out first, so answers arriving meanwhile go to a fresh one."""
         self._sending = True
         try:
-            while out:
-                data = b"".join(out) if len(out) > 1 else out[0]
-                out.clear()
+            while self._out:
+                data, self._out = self._out, bytearray()
                 await self.io.send_all(data)
         finally:
             self._sending = False
-            if not out:
+            if not self._out:
                 self._drained.set()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
@@ -188,6 +179,6 @@ class Connection:
                 await self._send_pending()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # The client is gone: nothing more can be answered.
-            self._out.clear()
+            self._out = bytearray()
             self._drained.set()
             scope.cancel()

@@ -1,27 +1,43 @@
+# cython: annotation_typing=True
 """Request dispatch: one handler per request type.
 
-:meth:`Dispatcher.handle` returns the response bytes at once for requests that never wait
-(PING, SELECT, AUTH, errors...) and a coroutine for those that do (writes wait for their commit,
-calls may block). The connection answers the first kind inline and runs the second as a task, so
-a slow request never holds up a fast one behind it.
+:meth:`Dispatcher.handle` writes the response at once into the connection's output buffer for
+requests that never wait (PING, SELECT, AUTH, errors...); writes wait for their commit and are
+answered through ``reply`` from its callback (``handle`` returns :data:`PENDING`); calls that may
+block come back as a coroutine, which the connection runs as a task, so a slow request never holds
+up a fast one behind it.
+
+Compiled with Cython (``boxqueue/compiled.py``). Requests the codec decoded into typed fields
+take short paths here (a select by a known space, a replace, a call); everything else goes
+through the general checks on the body dict, which give Tarantool's errors.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from types import CoroutineType
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import cython
 
 from errcodes import ER, BoxError
 from iproto_server import codec
+from iproto_server.codec import (
+    ABSENT,
+    BadRequest,
+    Request,
+    RequestDecoder,
+    write_response,
+    write_tuples_response,
+)
+from iproto_server.codec import EMPTY_BODY as _EMPTY_BODY
 from iproto_server.request_stats import RequestStats
 from iproto_server.session import Session
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import Raw
-from spaces.procedures import Procedures
+from spaces.procedures import ProcedureEntry, Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
 from spaces.update import parse_ops
@@ -35,21 +51,35 @@ FEATURES: list[int] = []
 EvalHandler = Callable[[Session, str, list[Any]], "list[Any] | Awaitable[list[Any]]"]
 Reply = Callable[[bytes], None]
 
+PENDING = True  # what handle() returns when the answer will come through ``reply``
+
+# The request types and body keys as C constants: a module attribute costs more than the test.
+T_SELECT = cython.declare(cython.ulonglong, codec.SELECT)
+T_INSERT = cython.declare(cython.ulonglong, codec.INSERT)
+T_REPLACE = cython.declare(cython.ulonglong, codec.REPLACE)
+T_UPDATE = cython.declare(cython.ulonglong, codec.UPDATE)
+T_DELETE = cython.declare(cython.ulonglong, codec.DELETE)
+T_CALL_16 = cython.declare(cython.ulonglong, codec.CALL_16)
+T_AUTH = cython.declare(cython.ulonglong, codec.AUTH)
+T_EVAL = cython.declare(cython.ulonglong, codec.EVAL)
+T_UPSERT = cython.declare(cython.ulonglong, codec.UPSERT)
+T_CALL = cython.declare(cython.ulonglong, codec.CALL)
+T_PING = cython.declare(cython.ulonglong, codec.PING)
+T_ID = cython.declare(cython.ulonglong, codec.ID)
+K_SPACE_ID = cython.declare(cython.int, codec.SPACE_ID)
+K_LIMIT = cython.declare(cython.int, codec.LIMIT)
+K_KEY = cython.declare(cython.int, codec.KEY)
+K_TUPLE = cython.declare(cython.int, codec.TUPLE)
+C_ABSENT = cython.declare(cython.longlong, ABSENT)
 
 _NO_KEY: list[Any] = []
+_READ = cython.declare(cython.longlong, acl.READ)
+_WRITE = cython.declare(cython.longlong, acl.WRITE)
+_EXECUTE = cython.declare(cython.longlong, acl.EXECUTE)
 
 
-class _PendingWrite:
-    """A write handed to the group committer; answered from its completion callback."""
-
-    __slots__ = ("write", "returns_tuple")
-
-    def __init__(self, write: Any, returns_tuple: bool = True) -> None:
-        self.write = write
-        self.returns_tuple = returns_tuple
-
-
-def _field(body: dict[int, Any], key: int, name: str, required: bool = False, default: Any = 0) -> Any:
+@cython.cfunc
+def _field(body: dict, key: int, name: str, required: cython.bint = False, default: object = 0) -> object:
     value = body.get(key)
     if value is None:
         if required:
@@ -58,14 +88,16 @@ def _field(body: dict[int, Any], key: int, name: str, required: bool = False, de
     return value
 
 
-def _uint(body: dict[int, Any], key: int, name: str, required: bool = False, default: int = 0) -> int:
+@cython.cfunc
+def _uint(body: dict, key: int, name: str, required: cython.bint = False, default: object = 0) -> object:
     value = _field(body, key, name, required, default)
     if type(value) is not int or value < 0:
         raise BoxError(ER.INVALID_MSGPACK, "packet body")
     return value
 
 
-def _array(body: dict[int, Any], key: int, name: str, required: bool = False) -> list[Any]:
+@cython.cfunc
+def _array(body: dict, key: int, name: str, required: cython.bint = False) -> list:
     value = _field(body, key, name, required, None)
     if value is None:
         return []
@@ -88,6 +120,7 @@ def wrap_call16(values: list[Any]) -> list[Any]:
     return [v if _is_array(v) else [v] for v in values]
 
 
+@cython.cfunc
 def _procedure_error(exc: Exception) -> Exception:
     """What a procedure raised, as the client sees it: Python errors become ER_PROC_LUA with their
     text, the way a Lua error reaches a Tarantool client."""
@@ -96,8 +129,101 @@ def _procedure_error(exc: Exception) -> Exception:
     return BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__)
 
 
+@cython.cfunc
+def _as_box_error(exc: BaseException) -> BoxError:
+    if isinstance(exc, BoxError):
+        return exc
+    if isinstance(exc, StorageError):
+        log.error("storage failure: %s", exc)
+        return BoxError(ER.WAL_IO)
+    log.exception("internal error while handling a request")
+    return BoxError(ER.SYSTEM, f"internal error: {type(exc).__name__}")
+
+
+@cython.cfunc
+def _call_body(values: Any, call16: cython.bint) -> bytes:
+    values = list(values) if values is not None else []
+    if call16:
+        values = wrap_call16(values)
+    return codec.data_body(values)
+
+
+# The body keys each DML request must hold, in the order Tarantool 2.6 reports a missing one
+# (``iproto_body_key_map``: the lowest key first), before the space is looked up. One difference
+# is kept: a SELECT without KEY selects with an empty key (Tarantool says the key is missing).
+_REQUIRED: tuple = (
+    (), ((codec.SPACE_ID, "space id"), (codec.LIMIT, "limit")),  # SELECT
+    ((codec.SPACE_ID, "space id"), (codec.TUPLE, "tuple")),  # INSERT
+    ((codec.SPACE_ID, "space id"), (codec.TUPLE, "tuple")),  # REPLACE
+    ((codec.SPACE_ID, "space id"), (codec.KEY, "key"), (codec.TUPLE, "tuple")),  # UPDATE
+    ((codec.SPACE_ID, "space id"), (codec.KEY, "key")),  # DELETE
+    (), (), (),  # CALL_16, AUTH, EVAL
+    ((codec.SPACE_ID, "space id"), (codec.TUPLE, "tuple"), (codec.OPS, "operations")),  # UPSERT
+)
+
+
+_UINT_KEYS = frozenset({codec.SPACE_ID, codec.INDEX_ID, codec.LIMIT, codec.OFFSET, codec.ITERATOR, codec.INDEX_BASE})
+_ARRAY_KEYS = frozenset({codec.KEY, codec.TUPLE, codec.OPS})
+
+
+@cython.cfunc
+def _required_mask(required: tuple) -> cython.ulonglong:
+    mask: cython.ulonglong = 0
+    for key, _name in required:
+        mask |= cython.cast(cython.ulonglong, 1) << key
+    return mask
+
+
+# The same, as bit masks of body keys (a typed request says which keys it held in ``present``).
+_REQUIRED_MASKS = cython.declare(tuple, tuple([_required_mask(r) for r in _REQUIRED]))
+
+
+@cython.cfunc
+def _check_required(request: Request, rtype: cython.ulonglong) -> cython.void:
+    """Tarantool's decoding of a DML body (``xrow_decode_dml``): first every body key it knows
+    must hold a value of its type ("packet body"), then the required keys must be there."""
+    need: cython.ulonglong = _REQUIRED_MASKS[rtype]
+    if need == 0:
+        return
+    if request.typed:  # a typed request holds well-typed values only
+        if need & request.present == need:
+            return
+        for key, name in _REQUIRED[rtype]:
+            if not request.present & (cython.cast(cython.ulonglong, 1) << key):
+                raise BoxError(ER.MISSING_REQUEST_FIELD, name)
+        return
+    body = request.body
+    for key, value in body.items():
+        if key in _UINT_KEYS:
+            if type(value) is not int or value < 0:
+                raise BoxError(ER.INVALID_MSGPACK, "packet body")
+        elif key in _ARRAY_KEYS and type(value) is not list:
+            raise BoxError(ER.INVALID_MSGPACK, "packet body")
+    for key, name in _REQUIRED[rtype]:
+        if body.get(key) is None and not (key == K_SPACE_ID and codec.SPACE_NAME in body):
+            raise BoxError(ER.MISSING_REQUEST_FIELD, name)
+
+
+@cython.cclass
+class _WriteReply:
+    """Answers one write from its commit's completion callback (no closure per write)."""
+
+
+    def __call__(self, result: object, error: object) -> None:
+        catalog = self.dispatcher.catalog
+        if error is not None:
+            self.dispatcher.stats.errors += 1
+            self.reply(codec.error_response(self.sync, catalog.schema_version, _as_box_error(error)))
+        elif result is None or not self.returns_tuple:
+            self.reply(codec.response(self.sync, catalog.schema_version, codec.EMPTY_TUPLES_BODY))
+        else:
+            self.reply(codec.response(self.sync, catalog.schema_version, codec.data_body_from_tuples([result])))
+
+
+@cython.cclass
 class Dispatcher:
     """Turns requests into responses, checking schema version, access and read-only ports."""
+
 
     def __init__(
         self,
@@ -109,73 +235,105 @@ class Dispatcher:
         self.catalog = catalog
         self.stats = stats if stats is not None else RequestStats()
         self._by_type = self.stats.by_type
+        self._spaces = catalog.spaces
         self.access = catalog.access
         self.procedures = procedures
         self.eval_handler = eval_handler
-        self._handlers: dict[int, Callable[[Session, codec.Request], Any]] = {
-            codec.PING: self._ping,
-            codec.SELECT: self._select,
-            codec.INSERT: self._insert,
-            codec.REPLACE: self._replace,
-            codec.UPDATE: self._update,
-            codec.DELETE: self._delete,
-            codec.UPSERT: self._upsert,
-            codec.CALL: self._call,
-            codec.CALL_16: self._call16,
-            codec.EVAL: self._eval,
-            codec.AUTH: self._auth,
-            codec.ID: self._id,
-        }
 
     # -- entry point ---------------------------------------------------------------------------
 
-    def handle(
-        self, session: Session, request: codec.Request, reply: Reply
-    ) -> bytes | Coroutine[Any, Any, bytes] | None:
-        """The response bytes at once; ``None`` when ``reply`` will be called with them later (a
-        write waiting for its commit); or a coroutine producing them (a call that may block)."""
-        sync = request.sync
+    def handle(self, session: Session, request: Request, out: bytearray, reply: Reply) -> object:
+        """Answer ``request``: the response is appended to ``out`` now (returns None), or sent
+        through ``reply`` later (returns :data:`PENDING`: a write waiting for its commit), or made
+        by the returned coroutine (a call that may block)."""
+        sync: cython.ulonglong = request.sync
+        rtype: cython.ulonglong = request.type
+        version: cython.ulonglong = self.catalog.schema_version
+        result: object
         try:
-            request_type = request.type
-            if 0 <= request_type < 256:
-                self._by_type[request_type] += 1
-            version = self.catalog.schema_version
+            if rtype < 256:
+                self._by_type[rtype] += 1
             if request.schema_version and request.schema_version != version:
                 raise BoxError(ER.WRONG_SCHEMA_VERSION, version, request.schema_version)
-            handler = self._handlers.get(request.type)
-            if handler is None:
-                raise BoxError(ER.UNKNOWN_REQUEST_TYPE, request.type)
-            result = handler(session, request)
-            kind = type(result)
-            if kind is bytes:
-                return codec.response(sync, self.catalog.schema_version, result)
-            if kind is _PendingWrite:
-                self._submit(sync, result, reply)
-                return None
-            if kind is Later:
-                self._reply_later(sync, result, reply)
-                return None
-            return self._finish(sync, result)
+            if rtype <= T_UPSERT:
+                _check_required(request, rtype)
+            if rtype == T_PING:
+                result = _EMPTY_BODY
+            elif rtype == T_SELECT:
+                result = self._select(session, request)
+                if type(result) is list:
+                    write_tuples_response(out, sync, version, result)
+                    return None
+            elif rtype == T_CALL or rtype == T_CALL_16:
+                result = self._procedure_call(session, request, rtype == T_CALL_16, sync, reply)
+            elif rtype == T_REPLACE or rtype == T_INSERT:
+                self._put(session, request, REPLACE if rtype == T_REPLACE else INSERT, sync, reply)
+                return PENDING
+            elif rtype == T_UPDATE:
+                self._update(session, request, sync, reply)
+                return PENDING
+            elif rtype == T_DELETE:
+                self._delete(session, request, sync, reply)
+                return PENDING
+            elif rtype == T_UPSERT:
+                self._upsert(session, request, sync, reply)
+                return PENDING
+            elif rtype == T_EVAL:
+                result = self._eval(session, request)
+            elif rtype == T_AUTH:
+                result = self._auth(session, request)
+            elif rtype == T_ID:
+                result = codec.id_body(PROTOCOL_VERSION, FEATURES)
+            else:
+                raise BoxError(ER.UNKNOWN_REQUEST_TYPE, rtype)
         except Exception as exc:
             self.stats.errors += 1
-            return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
+            error = _as_box_error(exc)
+            write_response(out, sync, self.catalog.schema_version, codec.error_body(error),
+                           codec.ERROR_FLAG | error.code)
+            return None
+        if type(result) is bytes:
+            write_response(out, sync, self.catalog.schema_version, result)
+            return None
+        return result  # PENDING or a coroutine
 
-    def _submit(self, sync: int, pending: _PendingWrite, reply: Reply) -> None:
-        returns_tuple = pending.returns_tuple
+    def handle_all(self, session: Session, decoder: RequestDecoder, out: bytearray, reply: Reply,
+                   room: cython.Py_ssize_t) -> tuple:
+        """Handle the requests ``decoder`` holds, as :meth:`handle` does, until it has no more or
+        ``room`` of them are left pending. Returns how many are pending, the coroutines (or None)
+        the connection must run as tasks, and the :class:`codec.FramingError` that ended the
+        stream (or None): the requests before it are answered all the same."""
+        pending: cython.Py_ssize_t = 0
+        tasks: list = None
+        event: object
+        bad: BadRequest
+        while pending < room:
+            try:
+                event = decoder.next_event()
+            except codec.FramingError as exc:
+                return pending, tasks, exc
+            if event is None:
+                break
+            if type(event) is BadRequest:
+                bad = event
+                write_response(out, bad.sync, self.catalog.schema_version, codec.error_body(bad.error),
+                               codec.ERROR_FLAG | bad.error.code)
+                continue
+            result = self.handle(session, event, out, reply)
+            if result is None:
+                continue
+            pending += 1
+            if result is not PENDING:
+                if tasks is None:
+                    tasks = []
+                tasks.append(result)
+        return pending, tasks, None
 
-        def done(result: Any, error: BaseException | None) -> None:
-            version = self.catalog.schema_version
-            if error is not None:
-                self.stats.errors += 1
-                reply(codec.error_response(sync, version, self._as_box_error(error)))
-            elif result is None or not returns_tuple:
-                reply(codec.response(sync, version, codec.EMPTY_TUPLES_BODY))
-            else:
-                reply(codec.response(sync, version, codec.data_body_from_tuples([result])))
+    def error(self, sync: int, error: BoxError) -> bytes:
+        return codec.error_response(sync, self.catalog.schema_version, error)
 
-        self.catalog.committer.submit(pending.write, done)
-
-    def _reply_later(self, sync: int, later: Later[bytes], reply: Reply) -> None:
+    @cython.cfunc
+    def _reply_later(self, sync: cython.ulonglong, later: Later, reply: Reply) -> cython.void:
         def settled(body: bytes | None, error: BaseException | None) -> None:
             version = self.catalog.schema_version
             if error is None:
@@ -183,34 +341,31 @@ class Dispatcher:
             else:
                 if not isinstance(error, Exception):
                     error = RuntimeError(repr(error))
-                reply(codec.error_response(sync, version, self._as_box_error(_procedure_error(error))))
+                reply(codec.error_response(sync, version, _as_box_error(_procedure_error(error))))
 
         later.then(settled)
-
-    def error(self, sync: int, error: BoxError) -> bytes:
-        return codec.error_response(sync, self.catalog.schema_version, error)
 
     async def _finish(self, sync: int, pending: Awaitable[bytes]) -> bytes:
         try:
             body = await pending
         except Exception as exc:
             self.stats.errors += 1
-            return codec.error_response(sync, self.catalog.schema_version, self._as_box_error(exc))
+            return codec.error_response(sync, self.catalog.schema_version, _as_box_error(exc))
         return codec.response(sync, self.catalog.schema_version, body)
 
-    @staticmethod
-    def _as_box_error(exc: Exception) -> BoxError:
-        if isinstance(exc, BoxError):
-            return exc
-        if isinstance(exc, StorageError):
-            log.error("storage failure: %s", exc)
-            return BoxError(ER.WAL_IO)
-        log.exception("internal error while handling a request")
-        return BoxError(ER.SYSTEM, f"internal error: {type(exc).__name__}")
+    @cython.cfunc
+    def _submit(self, write: object, sync: cython.ulonglong, reply: Reply, returns_tuple: cython.bint) -> cython.void:
+        answer: _WriteReply = _WriteReply.__new__(_WriteReply)
+        answer.dispatcher = self
+        answer.sync = sync
+        answer.reply = reply
+        answer.returns_tuple = returns_tuple
+        self.catalog.committer.submit(write, answer)
 
     # -- lookups -------------------------------------------------------------------------------
 
-    def _space_of(self, body: dict[int, Any]) -> Space | SystemView:
+    @cython.cfunc
+    def _space_of(self, body: dict) -> object:
         sid = body.get(codec.SPACE_ID)
         if sid is None:
             name = body.get(codec.SPACE_NAME)
@@ -223,7 +378,8 @@ class Dispatcher:
             raise BoxError(ER.INVALID_MSGPACK, "packet body")
         return self.catalog.lookup(sid)
 
-    def _index_id(self, space: Space | SystemView, body: dict[int, Any]) -> int:
+    @cython.cfunc
+    def _index_id(self, space: object, body: dict) -> object:
         name = body.get(codec.INDEX_NAME)
         if name is not None and codec.INDEX_ID not in body:
             if type(name) is not str:
@@ -231,26 +387,28 @@ class Dispatcher:
             return space.index_named(name).iid
         return _uint(body, codec.INDEX_ID, "index id")
 
-    def _writable(self, session: Session, body: dict[int, Any]) -> Space:
-        space = self._space_of(body)
-        if isinstance(space, SystemView):
-            if space.defn.engine == "sysview":
-                raise BoxError(ER.VIEW_IS_RO, space.name)
-            raise BoxError(ER.UNSUPPORTED, "boxqueue", "writes to system spaces through iproto")
+    @cython.cfunc
+    def _writable(self, session: Session, request: Request) -> object:
+        space = None
+        if request.typed and request.space_id != C_ABSENT:
+            space = self._spaces.get(request.space_id)
+        if space is None:
+            space = self._space_of(request.body)
+            if isinstance(space, SystemView):
+                if space.defn.engine == "sysview":
+                    raise BoxError(ER.VIEW_IS_RO, space.name)
+                raise BoxError(ER.UNSUPPORTED, "boxqueue", "writes to system spaces through iproto")
         if session.read_only:
             raise BoxError(ER.READONLY)
-        self.access.check(session.user, acl.WRITE, acl.SPACE, space.name)
+        user = session.user
+        if user.universe & _WRITE == 0:
+            self.access.check(user, acl.WRITE, acl.SPACE, space.name)
         return space
 
     # -- handlers --------------------------------------------------------------------------
 
-    def _ping(self, session: Session, request: codec.Request) -> bytes:
-        return codec.EMPTY_BODY
-
-    def _id(self, session: Session, request: codec.Request) -> bytes:
-        return codec.id_body(PROTOCOL_VERSION, FEATURES)
-
-    def _auth(self, session: Session, request: codec.Request) -> bytes:
+    @cython.cfunc
+    def _auth(self, session: Session, request: Request) -> bytes:
         body = request.body
         name = _field(body, codec.USER_NAME, "username", required=True)
         if type(name) is not str:
@@ -262,31 +420,28 @@ class Dispatcher:
         session.set_user(user)
         return codec.EMPTY_BODY
 
-    def _select(self, session: Session, request: codec.Request) -> bytes:
-        body = request.body
-        # The common case, checked in one go: a data space by id, every field of the right type.
-        get = body.get
-        space = self.catalog.spaces.get(get(codec.SPACE_ID))
-        iid, limit, offset = get(codec.INDEX_ID, 0), get(codec.LIMIT), get(codec.OFFSET, 0)
-        iterator, key = get(codec.ITERATOR, 0), get(codec.KEY, _NO_KEY)
-        if (
-            space is not None
-            and type(iid) is int
-            and type(limit) is int
-            and type(offset) is int
-            and type(iterator) is int
-            and type(key) is list
-            and iid >= 0
-            and limit >= 0
-            and offset >= 0
-            and codec.INDEX_NAME not in body
-        ):
-            if not session.user.privileges_on(acl.SPACE, space.name) & acl.READ:
-                self.access.check(session.user, acl.READ, acl.SPACE, space.name)
-            return codec.data_body_from_tuples(space.select(iid, iterator, key, offset, limit))
-        return self._select_checked(session, body)
+    @cython.cfunc
+    def _select(self, session: Session, request: Request) -> object:
+        """The tuples found (a list), or a whole body (bytes) from the general path."""
+        space: Space = None
+        if request.typed and request.space_id != C_ABSENT and request.limit != C_ABSENT:
+            space = self._spaces.get(request.space_id)
+        if space is None:
+            return self._select_checked(session, request.body)
+        # The common case: a data space by id, every field of the right type.
+        user = session.user
+        if user.universe & _READ == 0 and not user.privileges_on(acl.SPACE, space.name) & _READ:
+            self.access.check(user, acl.READ, acl.SPACE, space.name)
+        return space.select(
+            0 if request.index_id == C_ABSENT else request.index_id,
+            0 if request.iterator == C_ABSENT else request.iterator,
+            _NO_KEY if request.key is None else request.key,
+            0 if request.offset == C_ABSENT else request.offset,
+            request.limit,
+        )
 
-    def _select_checked(self, session: Session, body: dict[int, Any]) -> bytes:
+    @cython.cfunc
+    def _select_checked(self, session: Session, body: dict) -> bytes:
         space = self._space_of(body)
         iid = self._index_id(space, body)
         limit = _uint(body, codec.LIMIT, "limit", required=True)
@@ -302,76 +457,87 @@ class Dispatcher:
             tuples = space.select(iid, iterator, key, offset, limit)
         return codec.data_body_from_tuples(tuples)
 
-    def _put(self, session: Session, request: codec.Request, mode: str) -> _PendingWrite:
-        body = request.body
-        space = self._writable(session, body)
-        fields = _array(body, codec.TUPLE, "tuple", required=True)
-        return _PendingWrite(space.prepare_put(request.tuple_raw, fields, mode))
+    @cython.cfunc
+    def _put(self, session: Session, request: Request, mode: str, sync: cython.ulonglong, reply: Reply) -> cython.void:
+        space = self._writable(session, request)
+        if request.typed:
+            if request.tuple is None:
+                raise BoxError(ER.MISSING_REQUEST_FIELD, "tuple")
+            fields = request.tuple
+        else:
+            fields = _array(request.body, codec.TUPLE, "tuple", required=True)
+        self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, reply, True)
 
-    def _insert(self, session: Session, request: codec.Request) -> _PendingWrite:
-        return self._put(session, request, INSERT)
-
-    def _replace(self, session: Session, request: codec.Request) -> _PendingWrite:
-        return self._put(session, request, REPLACE)
-
-    def _ops(self, space: Space, body: dict[int, Any], key: int) -> list[Any]:
+    @cython.cfunc
+    def _ops(self, space: Space, body: dict, key: cython.int) -> list:
         index_base = _uint(body, codec.INDEX_BASE, "index base")
         return parse_ops(_array(body, key, "tuple", required=True), index_base, space.field_names)
 
-    def _update(self, session: Session, request: codec.Request) -> _PendingWrite:
+    @cython.cfunc
+    def _update(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+        space = self._writable(session, request)
         body = request.body
-        space = self._writable(session, body)
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        return _PendingWrite(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)))
+        self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, reply, True)
 
-    def _delete(self, session: Session, request: codec.Request) -> _PendingWrite:
+    @cython.cfunc
+    def _delete(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+        space = self._writable(session, request)
         body = request.body
-        space = self._writable(session, body)
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        return _PendingWrite(space.prepare_delete(iid, key))
+        self._submit(space.prepare_delete(iid, key), sync, reply, True)
 
-    def _upsert(self, session: Session, request: codec.Request) -> _PendingWrite:
+    @cython.cfunc
+    def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+        space = self._writable(session, request)
         body = request.body
-        space = self._writable(session, body)
         fields = _array(body, codec.TUPLE, "tuple", required=True)
-        ops = parse_ops(_array(body, codec.OPS, "ops"), _uint(body, codec.INDEX_BASE, "index base"), space.field_names)
-        return _PendingWrite(space.prepare_upsert(request.tuple_raw, fields, ops), returns_tuple=False)
+        ops = parse_ops(
+            _array(body, codec.OPS, "operations", required=True),
+            _uint(body, codec.INDEX_BASE, "index base"),
+            space.field_names,
+        )
+        self._submit(space.prepare_upsert(request.tuple_raw, fields, ops), sync, reply, False)
 
+    @cython.cfunc
     def _procedure_call(
-        self, session: Session, request: codec.Request, call16: bool
-    ) -> Coroutine[Any, Any, bytes] | Later[bytes] | bytes:
-        body = request.body
-        name = _field(body, codec.FUNCTION_NAME, "function name", required=True)
-        if type(name) is not str:
-            raise BoxError(ER.INVALID_MSGPACK, "packet body")
-        args = _array(body, codec.TUPLE, "tuple")
-        entry = self.procedures.resolve(name)
+        self, session: Session, request: Request, call16: cython.bint, sync: cython.ulonglong, reply: Reply
+    ) -> object:
+        if request.typed:
+            name = request.function_name
+            if name is None:
+                raise BoxError(ER.MISSING_REQUEST_FIELD, "function name")
+            args = _NO_KEY if request.tuple is None else request.tuple
+        else:
+            body = request.body
+            name = _field(body, codec.FUNCTION_NAME, "function name", required=True)
+            if type(name) is not str:
+                raise BoxError(ER.INVALID_MSGPACK, "packet body")
+            args = _array(body, codec.TUPLE, "tuple")
+        entry: ProcedureEntry = self.procedures.resolve(name)
         if entry is None:
             raise BoxError(ER.NO_SUCH_PROC, name)
-        self.access.check(session.user, acl.EXECUTE, acl.FUNCTION, name)
+        user = session.user
+        if user.universe & _EXECUTE == 0:
+            self.access.check(user, acl.EXECUTE, acl.FUNCTION, name)
         if entry.writes and session.read_only:
             raise BoxError(ER.READONLY)
         if entry.is_async:
-            return self._run_procedure(entry.fn(session.context, *args), entry.name, call16)
+            return self._finish(sync, self._run_procedure(entry.fn(session.context, *args), entry.name, call16))
         try:
             values = entry.fn(session.context, *args)
         except Exception as exc:
             raise _procedure_error(exc) from exc
-        kind = type(values)
-        if kind is Later:
-            return values.map(lambda done: self._call_body(done, call16))
-        if kind is CoroutineType:
-            return self._run_procedure(values, entry.name, call16)
-        return self._call_body(values, call16)
-
-    @staticmethod
-    def _call_body(values: Any, call16: bool) -> bytes:
-        values = list(values) if values is not None else []
-        if call16:
-            values = wrap_call16(values)
-        return codec.data_body(values)
+        if type(values) is Later:
+            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), reply)
+            return PENDING
+        if type(values) is list:
+            return _call_body(values, call16)
+        if hasattr(values, "__await__"):
+            return self._finish(sync, self._run_procedure(values, entry.name, call16))
+        return _call_body(values, call16)
 
     async def _run_procedure(self, running: Awaitable[Any], name: str, call16: bool) -> bytes:
         try:
@@ -379,15 +545,10 @@ class Dispatcher:
         except Exception as exc:
             log.debug("procedure %s raised", name, exc_info=True)
             raise _procedure_error(exc) from exc
-        return self._call_body(values, call16)
+        return _call_body(values, call16)
 
-    def _call(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:
-        return self._procedure_call(session, request, call16=False)
-
-    def _call16(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:
-        return self._procedure_call(session, request, call16=True)
-
-    def _eval(self, session: Session, request: codec.Request) -> Coroutine[Any, Any, bytes] | bytes:
+    @cython.cfunc
+    def _eval(self, session: Session, request: Request) -> object:
         body = request.body
         expr = _field(body, codec.EXPR, "expression", required=True)
         if type(expr) is not str:
@@ -397,10 +558,10 @@ class Dispatcher:
         if self.eval_handler is None:
             raise BoxError(ER.UNSUPPORTED, "boxqueue", "EVAL (no Lua engine is configured)")
         values = self.eval_handler(session, expr, args)
-        if type(values) is list:
+        if type(values) is list:  # the chunk finished on the event loop: answered at once
             return codec.data_body(values)
-        return self._run_eval(values)
+        return self._finish(request.sync, self._run_eval(values))
 
-    @staticmethod
-    async def _run_eval(running: Awaitable[list[Any]]) -> bytes:
+    async def _run_eval(self, running: Awaitable[list[Any]]) -> bytes:
         return codec.data_body(list(await running))
+

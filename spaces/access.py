@@ -81,6 +81,15 @@ class User:
     grants: dict[tuple[str, str], int] = field(default_factory=dict)
     # privileges_on() answers, dropped whenever grants change (checked on every request)
     _resolved: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    # The privileges on the universe, which cover every object: checked first, on every request.
+    universe: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        self._changed()
+
+    def _changed(self) -> None:
+        self._resolved.clear()
+        self.universe = ALL if self.id == ADMIN_ID else self.grants.get((UNIVERSE, ""), 0)
 
     def auth_map(self) -> dict[str, str]:
         if self.password_hash is None:
@@ -90,11 +99,11 @@ class User:
     def grant(self, privileges: int, object_type: str, object_name: str = "") -> None:
         key = (object_type, object_name if object_type != UNIVERSE else "")
         self.grants[key] = self.grants.get(key, 0) | privileges
-        self._resolved.clear()
+        self._changed()
 
     def set_grants(self, grants: dict[tuple[str, str], int]) -> None:
         self.grants = grants
-        self._resolved.clear()
+        self._changed()
 
     def privileges_on(self, object_type: str, object_name: str) -> int:
         key = (object_type, object_name)
@@ -143,7 +152,7 @@ class AccessControl:
         if name in self.users:
             user = self.users[name]
         else:
-            uid = max([FIRST_USER_ID - 1, *self.by_id]) + 1
+            uid = max(FIRST_USER_ID - 1, max(self.by_id, default=0)) + 1
             user = User(uid, name)
             self._add(user)
         if password is not None:
@@ -178,6 +187,8 @@ class AccessControl:
         return user
 
     def check(self, user: User, privilege: int, object_type: str, object_name: str) -> None:
+        if user.universe & privilege == privilege:
+            return
         if user.privileges_on(object_type, object_name) & privilege != privilege:
             shown = "" if object_type == UNIVERSE else object_name
             raise access_denied(ACCESS_NAMES.get(privilege, "Usage"), object_type, shown, user.name)

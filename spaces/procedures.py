@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import cython
+
 from spaces.access import User
 
 Procedure = Callable[..., "list[Any] | Awaitable[list[Any]]"]
@@ -32,15 +34,22 @@ class CallContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@cython.cclass
 class ProcedureEntry:
-    name: str
-    fn: Procedure
-    is_async: bool
-    writes: bool
-    id: int
+    """A registered procedure (a compiled class, ``procedures.pxd``: read on every CALL)."""
+
+    def __init__(self, name: str, fn: Procedure, is_async: bool, writes: bool, id: int) -> None:  # noqa: A002
+        self.name = name
+        self.fn = fn
+        self.is_async = is_async
+        self.writes = writes
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"ProcedureEntry({self.name!r}, writes={self.writes})"
 
 
+@cython.cclass
 class Procedures:
     """Name -> procedure; names also appear in ``_func``/``_vfunc`` through the catalogue."""
 

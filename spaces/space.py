@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cython
 import lmdb
 
 from errcodes import ER, BoxError
@@ -65,8 +66,10 @@ _FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
 }
 
 
+@cython.cclass
 class Index:
     """One index of a space: key extraction, key checks and scans."""
+
 
     def __init__(self, defn: IndexDef, space: Space) -> None:
         self.defn = defn
@@ -83,10 +86,10 @@ class Index:
         self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
         # For the commonest lookup, a unique one-part key: value -> stored key, or None to take
         # the general path (which also validates).
-        self.fast_key: Callable[[Any], bytes | None] | None = None
+        self.fast_key = None
         if self.unique and self.part_count == 1 and not self.has_nullable:
             self.fast_key = _FAST_KEYS.get(defn.parts[0].type)
-        self.db: Any = None
+        self.db = None
 
     def key_of(self, fields: list[Any]) -> list[Any]:
         n = len(fields)
@@ -126,8 +129,18 @@ class Index:
                 raise BoxError(ER.KEY_PART_TYPE, i, self.parts[i].type)
 
     def check_iterator(self, iterator: int, key: list[Any]) -> None:
+        """Tarantool's checks of a select, in its order (``box_select``, ``key_validate``): the
+        iterator type, then the key (part count, a partial key of a HASH index, part types), then
+        whether this index has such an iterator."""
         if type(iterator) is not int or iterator < 0 or iterator > it.NEIGHBOR:
             raise BoxError(ER.ILLEGAL_PARAMS, "Invalid iterator type")
+        # No key is fine for a TREE index, for ALL, and for a HASH index's GT (legacy).
+        if key or (self.is_hash and iterator != it.ALL and iterator != it.GT):
+            if len(key) > self.part_count:
+                raise BoxError(ER.KEY_PART_COUNT, self.part_count, len(key))
+            if self.is_hash and len(key) < self.part_count:
+                raise BoxError(ER.PARTIAL_KEY, "HASH", self.part_count, len(key))
+            self.check_key(key, exact=False)
         allowed = it.HASH_ITERATORS if self.is_hash else it.TREE_ITERATORS
         if iterator not in allowed:
             raise BoxError(
@@ -138,33 +151,41 @@ class Index:
                 self.space.defn.engine,
                 "requested iterator type",
             )
-        if self.is_hash and iterator != it.ALL:
-            if (iterator == it.EQ or key) and len(key) != self.part_count:
-                raise BoxError(ER.PARTIAL_KEY, "HASH", self.part_count, len(key))
+
+
+def _index_by_id(indexes: dict[int, Index], iid: int, space_name: str) -> Index:
+    index = indexes.get(iid)
+    if index is None:
+        raise BoxError(ER.NO_SUCH_INDEX_ID, iid, space_name)
+    return index
+
+
+def _index_by_name(index_by_name: dict[str, Index], name: str, space_name: str) -> Index:
+    index = index_by_name.get(name)
+    if index is None:
+        raise BoxError(ER.NO_SUCH_INDEX_NAME, name, space_name)
+    return index
 
 
 class IndexLookup:
-    """Index lookups by id and by name, with Tarantool's errors (data spaces and system views)."""
+    """Index lookups by id and by name, with Tarantool's errors (system views; :class:`Space`
+    has the same two methods)."""
 
     name: str
     indexes: dict[int, Index]
     index_by_name: dict[str, Index]
 
     def index(self, iid: int) -> Index:
-        index = self.indexes.get(iid)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
-        return index
+        return _index_by_id(self.indexes, iid, self.name)
 
     def index_named(self, name: str) -> Index:
-        index = self.index_by_name.get(name)
-        if index is None:
-            raise BoxError(ER.NO_SUCH_INDEX_NAME, name, self.name)
-        return index
+        return _index_by_name(self.index_by_name, name, self.name)
 
 
-class Space(IndexLookup):
+@cython.cclass
+class Space:
     """Tuples of one user space, with their indexes."""
+
 
     def __init__(
         self,
@@ -176,10 +197,16 @@ class Space(IndexLookup):
     ) -> None:
         self.storage = storage
         self.committer = committer
-        self.indexes: dict[int, Index] = {}
-        self.index_by_name: dict[str, Index] = {}
+        self.indexes = {}
+        self.index_by_name = {}
         self.dropped = False
         self.redefine(defn, index_defs, txn)
+
+    def index(self, iid: int) -> Index:
+        return _index_by_id(self.indexes, iid, self.name)
+
+    def index_named(self, name: str) -> Index:
+        return _index_by_name(self.index_by_name, name, self.name)
 
     # -- definition -------------------------------------------------------------------------
 
@@ -244,6 +271,7 @@ class Space(IndexLookup):
 
     # -- reads --------------------------------------------------------------------------------
 
+    @cython.locals(index=Index)
     def select(
         self,
         iid: int,
@@ -261,9 +289,11 @@ class Space(IndexLookup):
         if fast_key is not None and iterator == 0 and len(key) == 1 and limit > 0 and not offset:
             stored = fast_key(key[0])
             if stored is not None:  # a well-typed unique key: one get
-                found = (txn or self.storage.reader()).get(stored, db=index.db)
-                if found is not None and iid:
-                    found = (txn or self.storage.reader()).get(found, db=self.primary.db)
+                if txn is None:
+                    txn = self.storage.reader()
+                found = txn.get(stored, None, index.db)
+                if found is not None and index.iid != 0:
+                    found = txn.get(found, None, self.primary.db)
                 return [] if found is None else [found]
         if iterator == it.EQ and index.unique and len(key) == index.part_count:
             index.check_key(key, exact=False)

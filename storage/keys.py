@@ -1,3 +1,4 @@
+# cython: annotation_typing=True
 """Order-preserving key encoding: ``encode(a) < encode(b)`` (as bytes) exactly when ``a < b`` in
 Tarantool's comparison order.
 
@@ -25,6 +26,8 @@ import struct
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+import cython
 
 TAG_NIL = 0x05
 TAG_FALSE = 0x10
@@ -103,26 +106,68 @@ def _encode_str(value: str) -> bytes:
     return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
 
 
-def _small_uint(value: int) -> bytes:
-    b = bytearray(_D.pack(value))  # a non-negative double's bits, sign bit set
-    b[0] |= 0x80
-    return b"\x20" + b + b"\x00"
+_C_SIGN = cython.declare(cython.ulonglong, 1 << 63)
+_MASK52 = cython.declare(cython.ulonglong, (1 << 52) - 1)
+_UINT_KEY_TEMPLATE = b"\x20" + bytes(8) + b"\x00"  # the number tag, the sortable double, no remainder
+
+
+@cython.cfunc
+def _double_bits(v: cython.ulonglong) -> cython.ulonglong:
+    """The bits of ``float(v)`` for ``0 <= v <= 2**53`` (exact there), worked out without a float:
+    the exponent is ``v``'s highest set bit."""
+    if v == 0:
+        return 0
+    e: cython.int = 0
+    w: cython.ulonglong = v
+    if w >> 32:
+        w >>= 32
+        e += 32
+    if w >> 16:
+        w >>= 16
+        e += 16
+    if w >> 8:
+        w >>= 8
+        e += 8
+    if w >> 4:
+        w >>= 4
+        e += 4
+    if w >> 2:
+        w >>= 2
+        e += 2
+    if w >> 1:
+        e += 1
+    mantissa: cython.ulonglong = ((v << (52 - e)) if e <= 52 else (v >> (e - 52))) & _MASK52
+    return (cython.cast(cython.ulonglong, 1023 + e) << 52) | mantissa
+
+
+@cython.cfunc
+def _computed_uint_key(v: cython.ulonglong) -> bytes:
+    bits: cython.ulonglong = _double_bits(v) | _C_SIGN
+    out: bytearray = bytearray(_UINT_KEY_TEMPLATE)
+    i: cython.int
+    for i in range(8):
+        out[1 + i] = (bits >> (56 - 8 * i)) & 0xFF
+    return bytes(out)
 
 
 # Priorities, counters and small ids recur in most keys.
-_SMALL_UINTS = tuple(_small_uint(i) for i in range(4096))
+_SMALL_UINTS = cython.declare(tuple, tuple([_computed_uint_key(i) for i in range(4096)]))
+
+
+@cython.ccall
+def uint_key(v: cython.ulonglong) -> bytes:
+    """The encoded key part of a non-negative int up to 2**53: the one place it is written."""
+    if v < 4096:
+        return _SMALL_UINTS[v]
+    return _computed_uint_key(v)
 
 
 def encode_part(value: Any) -> bytes:
     """Encode one key part; raises ``TypeError`` for values no index can hold."""
     t = type(value)
     if t is int:
-        if 0 <= value < 4096:
-            return _SMALL_UINTS[value]
-        if 0 <= value <= _EXACT_INT:  # the common case, inlined: a non-negative double's bits
-            b = bytearray(_D.pack(value))
-            b[0] |= 0x80
-            return b"\x20" + b + b"\x00"
+        if 0 <= value <= _EXACT_INT:
+            return uint_key(value)
         return encode_number(value)
     if t is float:
         return encode_number(value)
@@ -149,9 +194,7 @@ def encode_unsigned_key(value: Any) -> bytes | None:
     """The stored key of a one-part key holding a non-negative int, or None for anything else
     (the caller then takes the general path, which also reports type errors)."""
     if type(value) is int and 0 <= value <= _EXACT_INT:
-        b = bytearray(_D.pack(value))
-        b[0] |= 0x80
-        return b"\x20" + b + b"\x00"
+        return uint_key(value)
     return None
 
 

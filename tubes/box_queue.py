@@ -11,17 +11,16 @@ caller awaits the result.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from spaces.later import Later
 from spaces.procedures import CallContext, Procedures
 from tubes.engine import QueueEngine, proc_error
+from tubes.kinds import BOX_QUEUE
 from tubes.numbers import tonumber
-from tubes.task import rettask
+from tubes.task import HEADER_FIELDS, TUBE_LAYOUT, TupleReader
 
-DEFAULT_TTL = 2_160_000  # seconds (25 days)
-DEFAULT_TTR = 60
 TIMEOUT_INFINITY = 31_536_000
 US = 1_000_000
 
@@ -54,6 +53,8 @@ class BoxQueue:
 
     def __init__(self, engine: QueueEngine) -> None:
         self.engine = engine
+        self.kind = engine.kind_named(BOX_QUEUE)  # a tube box.queue creates is box.queue's
+        self.reader = TupleReader()
         self._bound_sessions: set[int] = set()
         self._restart_checked: set[tuple[int, str]] = set()
 
@@ -76,8 +77,21 @@ class BoxQueue:
             shown = "nil" if value is None else repr(value)
             raise proc_error(f"bad argument 'space' to queue.{fn}: a number is required, got {shown}")
         space_id = int(number) if number == int(number) else number
-        self.engine.space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
+        self.engine.queue_space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
+
+    def _returned(self, space_id: int) -> Callable[[bytes], list[Any]]:
+        """What a call returns from a stored task of this space (its data starts where the
+        space's layout puts it)."""
+        if self.engine.queue_space(space_id).layout.data_at == HEADER_FIELDS:
+            return self._returned_15
+        return self._returned_tube
+
+    def _returned_15(self, raw: bytes) -> list[Any]:
+        return [self.reader.rettask(raw, HEADER_FIELDS)]
+
+    def _returned_tube(self, raw: bytes) -> list[Any]:
+        return [self.reader.rettask(raw, TUBE_LAYOUT.data_at)]
 
     def _consumer(self, ctx: CallContext) -> int:
         """The caller's session, bound once so its tasks are released when it ends."""
@@ -92,15 +106,16 @@ class BoxQueue:
             ctx.on_disconnect(released)
         return sid
 
-    def _put_args(self, fn: str, delay: Any, ttl: Any, ttr: Any, pri: Any) -> dict[str, int]:
+    def _put_args(self, fn: str, delay: Any, ttl: Any, ttr: Any, pri: Any) -> dict[str, Any]:
+        """The put arguments in the engine's units; 0 or less means the tube's default (None)."""
         ttl_s = _number(ttl, "ttl", fn)  # checked in the 1.5 order: ttl, delay, ttr, pri (Q30)
         delay_s = _number(delay, "delay", fn)
         ttr_s = _number(ttr, "ttr", fn)
         pri_n = _number(pri, "pri", fn)
         return {
-            "ttl": _us(ttl_s if ttl_s > 0 else DEFAULT_TTL),
+            "ttl": _us(ttl_s) if ttl_s > 0 else None,
             "delay": _us(delay_s) if delay_s > 0 else 0,
-            "ttr": _us(ttr_s if ttr_s > 0 else DEFAULT_TTR),
+            "ttr": _us(ttr_s) if ttr_s > 0 else None,
             "pri": _stored_pri(pri_n),
         }
 
@@ -110,26 +125,17 @@ class BoxQueue:
             ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "put"), _tube(tube, "put")
         args = self._put_args("put", delay, ttl, ttr, pri)
-        queue_tube = self.engine.tube(space_id, name)
-
-        def put_done(raw: bytes) -> list[Any]:
-            queue_tube.count("put")  # only calls that succeed count (D9)
-            return [rettask(raw)]
-
-        return self.engine.put(space_id, name, data=list(data), **args).map(put_done)
+        # Only calls that succeed count (D9), in the step the task appears.
+        return self.engine.put(space_id, name, data=list(data), counter="put", kind=self.kind, **args).map(
+            self._returned(space_id))
 
     def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "urgent"), _tube(tube, "urgent")
         args = self._put_args("urgent", delay, ttl, ttr, pri)
-        queue_tube = self.engine.tube(space_id, name)
-        ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(queue_tube)
-
-        def urgent_done(raw: bytes) -> list[Any]:
-            queue_tube.count("urgent")
-            return [rettask(raw)]
-
-        return self.engine.put(space_id, name, data=list(data), ipri=ipri, **args).map(urgent_done)
+        ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(self.engine.tube(space_id, name))
+        return self.engine.put(space_id, name, data=list(data), ipri=ipri, counter="urgent", kind=self.kind,
+                               **args).map(self._returned(space_id))
 
     async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                          ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
@@ -138,10 +144,8 @@ class BoxQueue:
         if not data or data[0] is None:
             raise proc_error("Can not put unique task without data")
         args = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
-        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), **args)
-        if inserted:
-            self.engine.tube(space_id, name).count("put")
-        return [rettask(raw)]
+        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), kind=self.kind, **args)
+        return self._returned(space_id)(raw)
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -153,24 +157,34 @@ class BoxQueue:
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
         taking = self.engine.take(space_id, name, self._consumer(ctx), seconds)
+        returned = self._returned(space_id)
+
+        def taken(raw: bytes | None) -> list[Any]:
+            return [] if raw is None else returned(raw)
+
         if isinstance(taking, Later):
-            return taking.map(_taken)
-        return _waited(taking)
+            return taking.map(taken)
+        return _waited(taking, taken)
 
     def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.ack(self._space(space, "ack"), task_id, ctx.session_id).map(_returned)
+        space_id = self._space(space, "ack")
+        return self.engine.ack(space_id, task_id, ctx.session_id).map(self._returned(space_id))
 
     def touch(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.touch(self._space(space, "touch"), task_id, ctx.session_id).map(_returned)
+        space_id = self._space(space, "touch")
+        return self.engine.touch(space_id, task_id, ctx.session_id).map(self._returned(space_id))
 
     def done(self, ctx: CallContext, space: Any = None, task_id: Any = None, *data: Any) -> Later[list[Any]]:
-        return self.engine.done(self._space(space, "done"), task_id, ctx.session_id, list(data)).map(_returned)
+        space_id = self._space(space, "done")
+        return self.engine.done(space_id, task_id, ctx.session_id, list(data)).map(self._returned(space_id))
 
     def bury(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.bury(self._space(space, "bury"), task_id, ctx.session_id).map(_returned)
+        space_id = self._space(space, "bury")
+        return self.engine.bury(space_id, task_id, ctx.session_id).map(self._returned(space_id))
 
     def dig(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.dig(self._space(space, "dig"), task_id).map(_returned)
+        space_id = self._space(space, "dig")
+        return self.engine.dig(space_id, task_id).map(self._returned(space_id))
 
     unbury = dig
 
@@ -184,13 +198,15 @@ class BoxQueue:
         space_id = self._space(space, "release")
         delay_us = 0 if delay is None else max(_us(_number(delay, "delay", "release")), 0)
         ttl_s = None if ttl is None else _number(ttl, "ttl", "release")
-        return self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s).map(_returned)
+        return self.engine.release(space_id, task_id, ctx.session_id, delay_us, ttl_s).map(self._returned(space_id))
 
     def requeue(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.requeue(self._space(space, "requeue"), task_id, ctx.session_id).map(_returned)
+        space_id = self._space(space, "requeue")
+        return self.engine.requeue(space_id, task_id, ctx.session_id).map(self._returned(space_id))
 
     def delete(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
-        return self.engine.delete(self._space(space, "delete"), task_id).map(_returned)
+        space_id = self._space(space, "delete")
+        return self.engine.delete(space_id, task_id).map(self._returned(space_id))
 
     async def truncate(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         space_id, name = self._space(space, "truncate"), _tube(tube, "truncate")
@@ -202,7 +218,8 @@ class BoxQueue:
         return [self.engine.meta(self._space(space, "meta"), task_id)]
 
     def peek(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
-        return [rettask(self.engine.peek(self._space(space, "peek"), task_id))]
+        space_id = self._space(space, "peek")
+        return self._returned(space_id)(self.engine.peek(space_id, task_id))
 
     def statistics(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         """One flat list; an unknown space or tube gives an empty one (D12, D15)."""
@@ -228,16 +245,8 @@ class BoxQueue:
         return ["starting"]
 
 
-def _returned(raw: bytes) -> list[Any]:
-    return [rettask(raw)]
-
-
-def _taken(raw: bytes | None) -> list[Any]:
-    return [] if raw is None else [rettask(raw)]
-
-
-async def _waited(taking: Awaitable[bytes | None]) -> list[Any]:
-    return _taken(await taking)
+async def _waited(taking: Awaitable[bytes | None], taken: Callable[[bytes | None], list[Any]]) -> list[Any]:
+    return taken(await taking)
 
 
 def register(procedures: Procedures, engine: QueueEngine) -> BoxQueue:

@@ -12,6 +12,12 @@ its fan-out is over) or not (then its fan-out will reach the new listener). No g
 Each listener has a bounded buffer; one that falls further behind is ended with ``overflow``
 instead of slowing the sender or anyone else. Queue close and key delete end the matching
 listeners once they are durable; :meth:`Broadcast.shutdown` ends all of them.
+
+A listener either pulls (``await sub.next()``: one task wake-up per message) or gives a
+:class:`Sink` that the fan-out hands every message to synchronously, so a WebSocket can write
+its frame straight to the socket during the fan-out, with no task per message. Either way the
+fan-out hands every listener the same :class:`Message` object, so whatever a transport derives
+from it (``Message.encoded``) is made once per message.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 import trio
@@ -34,24 +40,51 @@ CLOSED = "closed"  # its queue was closed
 DELETED = "deleted"  # its key's history was deleted (by-id listeners)
 OVERFLOW = "overflow"  # it fell more than its buffer behind
 SHUTDOWN = "shutdown"  # the server is stopping
+FAILED = "failed"  # its sink failed (a bug): it is ended rather than the fan-out to the others
 
 Start = int | str | None  # a sequence, "first", "last", or None for live messages only
 
 
-class Subscription:
-    """One listener: a bounded buffer of live messages and, once ended, the reason."""
+class Sink(Protocol):
+    """Where a pushing listener's live messages go (a WebSocket's outgoing buffer, say)."""
 
-    def __init__(self, owner: Broadcast, queue: str, key: str | None, capacity: int) -> None:
+    def deliver(self, item: Message) -> int:
+        """Take one live message without blocking; return how many live messages the sink still
+        holds unsent, this one included (more than the listener's capacity ends it with
+        ``overflow``)."""
+        ...
+
+    def ended(self, reason: str) -> None:
+        """The subscription has ended (once; nothing is delivered after this)."""
+        ...
+
+
+class Subscription:
+    """One listener: a bounded buffer of live messages (or a :class:`Sink`) and, once ended,
+    the reason."""
+
+    def __init__(self, owner: Broadcast, queue: str, key: str | None, capacity: int, sink: Sink | None = None) -> None:
         self.queue = queue
         self.key = key
         self.capacity = capacity
         self.ended: str | None = None
         self._owner = owner
+        self._sink = sink
         self._items: deque[Message] = deque()
         self._lot = trio.lowlevel.ParkingLot()
 
     def push(self, item: Message) -> None:
         if self.ended is not None:
+            return
+        if self._sink is not None:
+            try:
+                held = self._sink.deliver(item)
+            except Exception:
+                log.exception("a listener's sink failed; ending that listener")
+                self.end(FAILED)
+                return
+            if held > self.capacity:
+                self.end(OVERFLOW)
             return
         if len(self._items) >= self.capacity:
             self.end(OVERFLOW)
@@ -60,13 +93,16 @@ class Subscription:
         self._lot.unpark_all()
 
     def end(self, reason: str) -> None:
-        """Stop delivering; a reader gets what is buffered (nothing after an overflow), then None."""
+        """Stop delivering; a reader gets what is buffered (nothing after an overflow), then None;
+        a sink is told why."""
         if self.ended is None:
             self.ended = reason
             if reason == OVERFLOW:
                 self._items.clear()
             self._owner._forget(self)
             self._lot.unpark_all()
+            if self._sink is not None:
+                self._sink.ended(reason)
 
     async def next(self) -> Message | None:
         """The next live message, or None once the subscription has ended."""
@@ -233,19 +269,23 @@ class Broadcast:
 
     # -- listeners ---------------------------------------------------------------------------
 
-    def subscribe(self, queue: str, key: str | None, start: Start) -> tuple[list[Message], Subscription] | None:
+    def subscribe(
+        self, queue: str, key: str | None, start: Start, sink: Sink | None = None
+    ) -> tuple[list[Message], Subscription] | None:
         """The preload for ``start`` and a live subscription, atomically; None if no such queue.
+        With a ``sink``, live messages are handed to it during the fan-out instead of buffered.
 
-        Synchronous on purpose: no other task runs between the snapshot and the registration."""
+        Synchronous on purpose: no other task runs between the snapshot and the registration, so
+        a caller that sends the preload before its next ``await`` sends it before any live one."""
         if queue not in self.queues:
             return None
         preload = [] if start is None else self._store().history(queue, key, start)
         if self._in_flight and preload:
             in_flight = self._in_flight
             preload = [m for m in preload if (queue, m.id, m.sequence) not in in_flight]
-        sub = Subscription(self, queue, key, self.listener_buffer)
+        sub = Subscription(self, queue, key, self.listener_buffer, sink)
         if self._stopping:
-            sub.ended = SHUTDOWN
+            sub.end(SHUTDOWN)
             return preload, sub
         channel = self._by_queue.setdefault(queue, {}) if key is None else self._by_key.setdefault((queue, key), {})
         channel[sub] = None

@@ -1,8 +1,8 @@
 """Pools and flavors of the claim queues (Zaqar's admin catalogue), stored in LMDB spaces.
 
 A pool is a named storage target with a weight: its URI ``boxqueue://<space name>`` names a
-space of this server, created with the claim-queue message layout when it does not exist yet
-(decision Z5). Flavors are per-project named capability sets that may name a pool. Both are
+space of this server, which ``connect`` makes one of the engine's Zaqar spaces (created when it
+does not exist yet, decision Z5). Flavors are per-project named capability sets that may name a pool. Both are
 kept in memory as a cache of their spaces and every change is one durable write.
 """
 
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from errcodes import BoxError
 from spaces import iterators
 from spaces.catalog import Catalog
 from spaces.space import REPLACE, Space, decode_tuple
@@ -54,8 +56,9 @@ class Flavor:
 class PoolCatalog:
     """Pools (global) and flavors (per project)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, connect: Callable[[str], Awaitable[None]]) -> None:
         self.catalog = catalog
+        self.connect = connect  # makes the named space a Zaqar space of the engine
         self.pools: dict[str, Pool] = {}
         self.flavors: dict[tuple[str, str], Flavor] = {}
         self.spaces: dict[str, Space] = {}
@@ -85,9 +88,10 @@ class PoolCatalog:
         name = uri[len(URI_SCHEME):] if uri.startswith(URI_SCHEME) else ""
         if not _SPACE_NAME.match(name):
             raise PoolError("uri", uri)
-        space, _ = await self.catalog.create_space(name, if_not_exists=True)
-        if "primary" not in space.index_by_name:
-            await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=[[0, "unsigned"]])
+        try:
+            await self.connect(name)
+        except BoxError as exc:  # a space of another kind has that name
+            raise PoolError("uri", uri) from exc
 
     async def put_pool(self, name: str, uri: str, weight: int, options: dict[str, Any], flavor: str | None) -> None:
         for other in self.pools.values():

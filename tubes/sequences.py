@@ -18,8 +18,8 @@ the readers run on the event loop against the shared read snapshot and never acr
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 import lmdb
 
@@ -53,12 +53,31 @@ _LAYOUTS: dict[str, tuple[tuple[FieldDef, ...], list[list[Any]]]] = {
 MAX_SEQUENCE = 2**64 - 1
 
 
-class Message(NamedTuple):
-    """One version of a key, with its wire form (``{"id":..,"sequence":..,"payload":..}``)."""
+class Message:
+    """One version of a key, with its wire form (``{"id":..,"sequence":..,"payload":..}``).
 
-    id: str
-    sequence: int
-    json: str
+    A live message is one object handed to every listener, so ``encoded`` is where a transport
+    keeps what it derived from ``json`` (a WebSocket frame per negotiated extension, a long-poll
+    body): made by the first listener that needs it, reused by the other thousand."""
+
+    __slots__ = ("id", "sequence", "json", "encoded")
+
+    def __init__(self, id: str, sequence: int, json: str) -> None:  # noqa: A002 (Sonya's name)
+        self.id = id
+        self.sequence = sequence
+        self.json = json
+        self.encoded: dict[Hashable, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"Message({self.id!r}, {self.sequence}, {self.json!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.id, self.sequence, self.json) == (other.id, other.sequence, other.json)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.sequence, self.json))
 
 
 def message(key: str, sequence: int, payload_json: str) -> Message:

@@ -1,16 +1,26 @@
-"""A task: its tuple layout in the queue space, and the part of it kept in memory.
+"""A task: its tuple layouts in a queue space, and the part of it kept in memory.
 
-The tuple (fields numbered from 0, as in the 1.5 module):
+Every task has the twelve header fields of the 1.5 module (numbered from 0):
 
     0 id  1 tube  2 status  3 event  4 ipri  5 pri  6 cid  7 created  8 ttl  9 ttr
-    10 cbury  11 ctaken  12... data
+    10 cbury  11 ctaken
 
 Times are integer microseconds since the epoch, ttl and ttr integer microseconds (ttl counted
 from ``created``). ``created`` is unique and increasing within a server (the engine makes it so),
-which makes it the creation sequence that breaks ties between equal priorities (FIFO, D3).
+the creation sequence that breaks ties between equal priorities (FIFO, D3) and Zaqar's post order.
 
-Memory holds every field but the data; the data stays in LMDB and is copied byte for byte from the
-stored tuple whenever the task is rewritten.
+Two layouts put them in a tuple (:class:`Layout`):
+
+* the 1.5 layout (D12) of the queue spaces a user declares: the header, then the data fields from
+  12 on; the primary key is the id;
+* the tube layout of the spaces the engine owns (Deckard's and Zaqar's): the header, field 12
+  ``attrs`` (a small map the engine keeps in memory: a Deckard message's diagnostics and
+  breakpoint, a Zaqar message's poster, the priority a lock ends with), field 13 ``attachments``
+  (a map kept only in LMDB: a Deckard message's description, metadata and payload), then the
+  data fields from 14 on; the primary key is (tube, id), since Deckard's ids are per queue.
+
+Memory holds the header (and ``attrs``); attachments and data stay in LMDB and are copied byte for
+byte from the stored tuple whenever the task is rewritten.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from spaces.definitions import FieldDef
 from spaces.msgpack_values import Raw, array_header, pack
 
 READY = "r"
@@ -32,12 +43,54 @@ STATUS_ORDER = (READY, DELAYED, TAKEN, BURIED, DONE)  # the order statistics lis
 
 HEADER_FIELDS = 12
 F_ID, F_TUBE, F_STATUS, F_EVENT, F_IPRI, F_PRI, F_CID, F_CREATED, F_TTL, F_TTR, F_CBURY, F_CTAKEN = range(12)
+F_ATTRS, F_ATTACHMENTS = 12, 13
+
+
+class Layout:
+    """Where a space keeps a task's fields."""
+
+    __slots__ = ("name", "header", "data_at", "by_tube")
+
+    def __init__(self, name: str, header: int, data_at: int, by_tube: bool) -> None:
+        self.name = name
+        self.header = header  # fields kept in memory (the header, and attrs in the tube layout)
+        self.data_at = data_at  # the first data field
+        self.by_tube = by_tube  # primary key (tube, id) rather than (id)
+
+    def key(self, task: Task) -> list[Any]:
+        return [task.tube, task.id] if self.by_tube else [task.id]
+
+
+QUEUE15 = Layout("1.5", HEADER_FIELDS, HEADER_FIELDS, False)
+TUBE_LAYOUT = Layout("tube", HEADER_FIELDS + 1, HEADER_FIELDS + 2, True)
+
+# The tube layout as a space format and primary key (the engine creates its spaces with these).
+TUBE_FORMAT = (
+    FieldDef("id", "string"),
+    FieldDef("tube", "string"),
+    FieldDef("status", "string"),
+    FieldDef("event", "unsigned"),
+    FieldDef("ipri", "number"),
+    FieldDef("pri", "number"),
+    FieldDef("cid", "scalar"),  # a session id, a claim id, or 0 for nobody
+    FieldDef("created", "unsigned"),
+    FieldDef("ttl", "unsigned"),
+    FieldDef("ttr", "unsigned"),
+    FieldDef("cbury", "unsigned"),
+    FieldDef("ctaken", "unsigned"),
+    FieldDef("attrs", "map"),
+    FieldDef("attachments", "map"),
+)
+TUBE_KEY = [[F_TUBE, "string"], [F_ID, "string"]]
 
 
 class Task:
-    """The in-memory image of a stored task, without its data."""
+    """The in-memory image of a stored task, without its attachments and data."""
 
-    __slots__ = ("id", "tube", "status", "event", "ipri", "pri", "cid", "created", "ttl", "ttr", "cbury", "ctaken")
+    __slots__ = (
+        "id", "tube", "status", "event", "ipri", "pri", "cid", "created", "ttl", "ttr", "cbury", "ctaken",
+        "attrs",
+    )
 
     def __init__(
         self,
@@ -45,14 +98,15 @@ class Task:
         tube: str,
         status: str,
         event: int,
-        ipri: int,
-        pri: int,
-        cid: int,
+        ipri: Any,
+        pri: Any,
+        cid: Any,
         created: int,
         ttl: int,
         ttr: int,
         cbury: int = 0,
         ctaken: int = 0,
+        attrs: dict[str, Any] | None = None,
     ) -> None:
         self.id = id
         self.tube = tube
@@ -66,70 +120,113 @@ class Task:
         self.ttr = ttr
         self.cbury = cbury
         self.ctaken = ctaken
+        self.attrs = attrs
 
     @property
     def expires(self) -> int:
         return self.created + self.ttl
 
-    def take_key(self) -> tuple[int, int, int, str]:
-        """Take order: internal priority, stored priority, creation sequence."""
+    def take_key(self) -> tuple[Any, Any, int, str]:
+        """Take order: internal priority, priority (a score), creation sequence."""
         return (self.ipri, self.pri, self.created, self.id)
 
     def event_key(self) -> tuple[int, int, str]:
         return (self.event, self.created, self.id)
 
     def header(self) -> list[Any]:
-        return [
+        """The stored header: 12 fields, and ``attrs`` for a task of the tube layout."""
+        fields = [
             self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid,
             self.created, self.ttl, self.ttr, self.cbury, self.ctaken,
         ]
+        if self.attrs is not None:
+            fields.append(self.attrs)
+        return fields
 
     def copy(self) -> Task:
-        return Task(*self.header())
+        copied = Task(*self.header()[:HEADER_FIELDS])
+        copied.attrs = None if self.attrs is None else dict(self.attrs)
+        return copied
 
-    def restore(self, other: Task) -> None:
-        """Become ``other`` again (undo an in-memory change whose write failed)."""
-        for name in Task.__slots__:
-            setattr(self, name, getattr(other, name))
+    def snapshot(self) -> list[Any]:
+        """Every field as it is now, to :meth:`restore` if a change has to be undone."""
+        return [
+            self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid,
+            self.created, self.ttl, self.ttr, self.cbury, self.ctaken,
+            None if self.attrs is None else dict(self.attrs),
+        ]
+
+    def restore(self, fields: list[Any]) -> None:
+        """Become the snapshot again (undo an in-memory change whose write failed)."""
+        (self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid, self.created,
+         self.ttl, self.ttr, self.cbury, self.ctaken, self.attrs) = fields
 
     @classmethod
-    def from_fields(cls, fields: list[Any]) -> Task:
-        return cls(*fields[:HEADER_FIELDS])
+    def from_fields(cls, fields: list[Any], layout: Layout) -> Task:
+        task = cls(*fields[:HEADER_FIELDS])
+        if layout.header > HEADER_FIELDS:
+            attrs = fields[F_ATTRS] if len(fields) > F_ATTRS else None
+            task.attrs = dict(attrs) if isinstance(attrs, dict) else {}
+        return task
 
 
-def _unpacker(raw: bytes) -> msgpack.Unpacker:
-    # Sized to the tuple: by default an unpacker mallocs a 1 MiB buffer, which costs more than
-    # everything else done with it here.
-    unpacker = msgpack.Unpacker(
-        raw=False, unicode_errors="surrogateescape", max_buffer_size=max(len(raw), 16)
-    )
-    unpacker.feed(raw)
-    return unpacker
+class TupleReader:
+    """Splits stored task tuples with one long-lived unpacker (making one per tuple costs more
+    than the split). Not for sharing between threads; every read consumes the whole tuple."""
 
+    def __init__(self) -> None:
+        self._unpacker = self._fresh()
 
-def split_data(raw: bytes) -> tuple[int, bytes]:
-    """How many data fields a stored tuple has, and their msgpack bytes as stored."""
-    unpacker = _unpacker(raw)
-    count = unpacker.read_array_header()
-    for _ in range(min(count, HEADER_FIELDS)):
-        unpacker.skip()
-    return max(count - HEADER_FIELDS, 0), raw[unpacker.tell():]
+    @staticmethod
+    def _fresh() -> msgpack.Unpacker:
+        return msgpack.Unpacker(raw=False, unicode_errors="surrogateescape", strict_map_key=False)
+
+    def split(self, raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
+        """How many fields the tuple has past ``header``, and their bytes as stored."""
+        unpacker = self._unpacker
+        try:
+            base = unpacker.tell()
+            unpacker.feed(raw)
+            count = unpacker.read_array_header()
+            for _ in range(min(count, header)):
+                unpacker.skip()
+            at = unpacker.tell() - base
+            for _ in range(count - header):
+                unpacker.skip()
+        except Exception:
+            self._unpacker = self._fresh()
+            raise
+        return max(count - header, 0), raw[at:]
+
+    def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
+        """What the queue functions return: ``[id, tube, status name, data...]``."""
+        unpacker = self._unpacker
+        try:
+            base = unpacker.tell()
+            unpacker.feed(raw)
+            count = unpacker.read_array_header()
+            task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
+            for _ in range(min(count, data_at) - 3):
+                unpacker.skip()
+            at = unpacker.tell() - base
+            for _ in range(count - data_at):
+                unpacker.skip()
+        except Exception:
+            self._unpacker = self._fresh()
+            raise
+        head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
+        return Raw(array_header(3 + max(count - data_at, 0)) + head + raw[at:])
 
 
 def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
-    """A task tuple from its 12 header fields and data that is already msgpack."""
-    # The header packs in one call; its own array header (one byte: 12 < 16) gives way to the
-    # tuple's.
-    return array_header(HEADER_FIELDS + data_count) + pack(header)[1:] + data_raw
+    """A task tuple from its header fields and what follows them, already msgpack."""
+    # The header packs in one call; its own array header (one byte: fewer than 16 fields) gives
+    # way to the tuple's.
+    return array_header(len(header) + data_count) + pack(header)[1:] + data_raw
 
 
-def rettask(raw: bytes) -> Raw:
-    """What the queue functions return: ``[id, tube, status name, data...]`` from a stored tuple."""
-    unpacker = _unpacker(raw)
-    count = unpacker.read_array_header()
-    task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
-    for _ in range(HEADER_FIELDS - 3):
-        unpacker.skip()
-    data_count, data_raw = max(count - HEADER_FIELDS, 0), raw[unpacker.tell():]
-    head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
-    return Raw(array_header(3 + data_count) + head + data_raw)
+def stored_parts(raw: bytes, layout: Layout) -> tuple[dict[str, Any], list[Any]]:
+    """The attachments (``{}`` in the 1.5 layout) and the data fields of a stored task."""
+    fields = msgpack.unpackb(raw, raw=False, strict_map_key=False, unicode_errors="surrogateescape")
+    attachments = fields[F_ATTACHMENTS] if layout.data_at > F_ATTACHMENTS and len(fields) > F_ATTACHMENTS else {}
+    return (attachments if isinstance(attachments, dict) else {}), fields[layout.data_at:]

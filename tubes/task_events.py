@@ -40,12 +40,13 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def event_payload(old: str | None, new: str | None, raw: bytes | None) -> str:
-    """``{"status": .., "previous": .., "data": [..] or null}`` as JSON text."""
+def event_payload(old: str | None, new: str | None, raw: bytes | None, data_at: int = HEADER_FIELDS) -> str:
+    """``{"status": .., "previous": .., "data": [..] or null}`` as JSON text; the data fields
+    start at ``data_at`` (the layout of the task's space)."""
     data = None
     if raw is not None:
         fields = unpack(raw)
-        data = fields[HEADER_FIELDS:] if isinstance(fields, list) else None
+        data = fields[data_at:] if isinstance(fields, list) else None
     body = {
         "status": HUMAN.get(new, new) if new is not None else DELETED,
         "previous": HUMAN.get(old, old) if old is not None else None,
@@ -54,13 +55,15 @@ def event_payload(old: str | None, new: str | None, raw: bytes | None) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_json_default)
 
 
-def task_event_hook(broadcast: Broadcast, tubes: Iterable[str]) -> ChangeHook:
-    """A hook for ``QueueEngine.hooks`` publishing the changes of tasks in ``tubes``."""
+def task_event_hook(broadcast: Broadcast, engine: QueueEngine, tubes: Iterable[str]) -> ChangeHook:
+    """A hook for ``QueueEngine.hooks`` publishing the changes of tasks in ``tubes`` (of any
+    queue space)."""
     chosen = frozenset(tubes)
 
     def hook(space_id: int, tube: str, task_id: str, old: str | None, new: str | None, raw: bytes | None) -> None:
         if tube in chosen:
-            broadcast.publish_nowait(tube, task_id, event_payload(old, new, raw))
+            data_at = engine.queue_space(space_id).layout.data_at if raw is not None else HEADER_FIELDS
+            broadcast.publish_nowait(tube, task_id, event_payload(old, new, raw, data_at))
 
     return hook
 
@@ -82,7 +85,8 @@ def catch_up(broadcast: Broadcast, engine: QueueEngine, tubes: Iterable[str]) ->
                 last[(tube, m.id)] = status.get("status") if isinstance(status, dict) else None
     queued = 0
     present: set[tuple[str, str]] = set()
-    for space in engine.queue_spaces().values():
+    for queue_space in engine.queue_spaces().values():
+        space, data_at = queue_space.space, queue_space.layout.data_at
         if space.primary is None:
             continue
         for raw in space.pairs(0, it.ALL, []):
@@ -93,7 +97,7 @@ def catch_up(broadcast: Broadcast, engine: QueueEngine, tubes: Iterable[str]) ->
             present.add((tube, task_id))
             before = last.get((tube, task_id))
             if before != HUMAN.get(status, status):
-                broadcast.publish_nowait(tube, task_id, event_payload(_code(before), status, raw))
+                broadcast.publish_nowait(tube, task_id, event_payload(_code(before), status, raw, data_at))
                 queued += 1
     for (tube, task_id), before in last.items():
         if (tube, task_id) not in present and before != DELETED:

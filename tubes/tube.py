@@ -1,56 +1,99 @@
-"""One tube's in-memory state: orderings, counts, waiting consumers, statistics.
+"""One tube's in-memory state: orderings, counts, consumers, waiting takes, statistics.
 
-Everything here is a cache of the queue space: the engine rebuilds it from LMDB at start. A task
-is *placed* in the structures of its status; the engine unplaces it before changing a field
-that a structure is ordered by, and places it again after.
+Everything here is a cache of LMDB: the engine rebuilds it at start. ``tasks`` holds every task of
+the tube in creation order; a task is *in* the structures of its status (:meth:`Tube.enter`) and
+leaves them (:meth:`Tube.leave`) before the engine changes a field they are ordered by.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Any
 
 import trio
 from sortedcontainers import SortedList
 
-from tubes.task import BURIED, READY, STATUS_ORDER, Task
+from tubes.kinds import TubeKind
+from tubes.task import BURIED, READY, STATUS_ORDER, TAKEN, Task
+
+
+class Claim:
+    """A consumer identity that expires (a Zaqar claim): the tasks it holds are taken with its
+    id as their cid, until it is released or expires; claiming extends their life by ``grace``.
+    Times in microseconds."""
+
+    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks")
+
+    def __init__(self, id: str, ttl: int, grace: int, expires: int, updated: int) -> None:
+        self.id = id
+        self.ttl = ttl
+        self.grace = grace
+        self.expires = expires
+        self.updated = updated
+        self.tasks: set[str] = set()  # ids of the tasks it holds now
+
+    def record(self, space_id: int, tube: str) -> list[Any]:
+        return [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
 
 
 class Tube:
     """The tasks of one (space, tube) and what waits on them."""
 
-    def __init__(self, space_id: int, name: str) -> None:
+    def __init__(self, space_id: int, name: str, kind: TubeKind) -> None:
         self.space_id = space_id
         self.name = name
-        self.tasks: dict[str, Task] = {}
+        self.kind = kind
+        self.tasks: dict[str, Task] = {}  # every task, in creation order
         self.ready: SortedList = SortedList()  # take order: (ipri, pri, created, id)
         self.buried: SortedList = SortedList()  # kick order, the same keys
         self.timeline: SortedList = SortedList()  # (event, created, id) of every task
         self.counts: dict[str, int] = dict.fromkeys(STATUS_ORDER, 0)
-        self.stats: dict[str, int] = {}  # counters, in the order they first moved
+        self.stats: dict[str, int] = {}  # box.queue's counters, in the order they first moved
         self.waiters: deque[trio.Event] = deque()
+        self.claims: dict[str, Claim] = {}
+        self.claim_times: SortedList = SortedList()  # (expires, claim id)
+        self.options: dict[str, Any] | None = None  # the stored record of a tube that has one
+        self.limit = 0  # most tasks the tube keeps (Deckard's max_elements); 0: no limit
+        self.by_expiry: SortedList | None = None  # (expires, created, id), kept while limited
         self.monitor_wakeup = trio.Event()
-        self.monitor_started = False
-        self.unique_lock = trio.Lock()  # put_unique: look up and insert as one step
+        self.monitor_until = math.inf  # when the sleeping monitor looks again
+        self.monitor_running = False
+        self.unique_lock: trio.Lock | None = None  # put_unique: look up and insert as one step
+        self.pending = 0  # writes in flight that insert tasks
+        self.dropped = False  # the tube was dropped: what is still being written into it goes
 
     # -- structures ------------------------------------------------------------------------
 
-    def place(self, task: Task) -> None:
-        self.tasks[task.id] = task
-        if task.status == READY:
-            self.ready.add(task.take_key())
-        elif task.status == BURIED:
-            self.buried.add(task.take_key())
-        self.timeline.add(task.event_key())
-        self.counts[task.status] += 1
+    def enter(self, task: Task) -> None:
+        status = task.status
+        if status == READY:
+            self.ready.add((task.ipri, task.pri, task.created, task.id))
+        elif status == BURIED:
+            self.buried.add((task.ipri, task.pri, task.created, task.id))
+        elif status == TAKEN and type(task.cid) is str:
+            claim = self.claims.get(task.cid)
+            if claim is not None:
+                claim.tasks.add(task.id)
+        self.timeline.add((task.event, task.created, task.id))
+        if self.by_expiry is not None:
+            self.by_expiry.add((task.created + task.ttl, task.created, task.id))
+        self.counts[status] += 1
 
-    def unplace(self, task: Task) -> None:
-        if task.status == READY:
-            self.ready.remove(task.take_key())
-        elif task.status == BURIED:
-            self.buried.remove(task.take_key())
-        self.timeline.remove(task.event_key())
-        self.counts[task.status] -= 1
-        del self.tasks[task.id]
+    def leave(self, task: Task) -> None:
+        status = task.status
+        if status == READY:
+            self.ready.remove((task.ipri, task.pri, task.created, task.id))
+        elif status == BURIED:
+            self.buried.remove((task.ipri, task.pri, task.created, task.id))
+        elif status == TAKEN and type(task.cid) is str:
+            claim = self.claims.get(task.cid)
+            if claim is not None:
+                claim.tasks.discard(task.id)
+        self.timeline.remove((task.event, task.created, task.id))
+        if self.by_expiry is not None:
+            self.by_expiry.remove((task.created + task.ttl, task.created, task.id))
+        self.counts[status] -= 1
 
     def first_ready(self) -> Task | None:
         return self.tasks[self.ready[0][3]] if self.ready else None
@@ -58,16 +101,53 @@ class Tube:
     def last_ready(self) -> Task | None:
         return self.tasks[self.ready[-1][3]] if self.ready else None
 
-    def next_event(self) -> Task | None:
-        return self.tasks[self.timeline[0][2]] if self.timeline else None
-
     def buried_in_order(self) -> list[Task]:
         return [self.tasks[key[3]] for key in self.buried]
+
+    def next_time(self) -> float:
+        """When the monitor has something to do next: a task's event or a claim's expiry."""
+        first = self.timeline[0][0] if self.timeline else math.inf
+        if self.claim_times and self.claim_times[0][0] < first:
+            return self.claim_times[0][0]
+        return first
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        if limit > 0 and self.by_expiry is None:
+            self.by_expiry = SortedList((t.created + t.ttl, t.created, t.id) for t in self.tasks.values())
+        elif limit <= 0:
+            self.by_expiry = None
+
+    def place_claim(self, claim: Claim) -> None:
+        self.claims[claim.id] = claim
+        self.claim_times.add((claim.expires, claim.id))
+
+    def unplace_claim(self, claim: Claim) -> None:
+        if self.claims.get(claim.id) is claim:
+            del self.claims[claim.id]
+            self.claim_times.remove((claim.expires, claim.id))
+
+    def unused(self) -> bool:
+        """Nothing here that memory must keep: the tube can be forgotten (a record that only
+        names its kind goes with it)."""
+        stored = self.options is not None and (self.kind.stored_tubes or bool(set(self.options) - {"kind"}))
+        return not (
+            self.tasks or self.stats or self.waiters or self.claims or stored
+            or self.limit or self.monitor_running or self.unique_lock is not None or self.pending
+        )
 
     # -- statistics and signals ---------------------------------------------------------------
 
     def count(self, counter: str, by: int = 1) -> None:
         self.stats[counter] = self.stats.get(counter, 0) + by
+
+    def uncount(self, counter: str, by: int = 1) -> None:
+        """Take back a count whose change was undone (its write failed)."""
+        left = self.stats.get(counter, 0) - by
+        if left > 0:
+            self.stats[counter] = left
+        else:
+            self.stats.pop(counter, None)
 
     def wake_one_consumer(self) -> None:
         """Wake the longest-waiting take, if any (the 1.5 capacity-one channel, without the
@@ -78,5 +158,7 @@ class Tube:
                 waiter.set()
                 return
 
-    def wake_monitor(self) -> None:
-        self.monitor_wakeup.set()
+    def wake_monitor_for(self, when: float) -> None:
+        """Wake the monitor if ``when`` comes before the time it sleeps until."""
+        if when < self.monitor_until:
+            self.monitor_wakeup.set()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -61,21 +61,21 @@ def status_for(exc: Exception, failure: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"{failure}: {exc}"
 
 
-def answers_errors(failure: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
-    """Wrap an async servicer method so every exception becomes its gRPC status."""
+def answers_errors(failure: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Wrap a servicer method so every exception becomes its gRPC status."""
 
-    def wrap(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    def wrap(method: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(method)
-        async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        def handler(self: Any, request: Any, context: grpc.ServicerContext) -> R:
             if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INTERNAL, request.text)
+                context.abort(grpc.StatusCode.INTERNAL, request.text)  # raises
             try:
-                return await method(self, request, context)
+                return method(self, request, context)
             except Exception as exc:
                 code, text = status_for(exc, failure)
                 if code == grpc.StatusCode.INTERNAL:
                     log.error("Deckard %s failed", method.__name__, exc_info=exc)
-                await context.abort(code, text)
+                context.abort(code, text)
                 raise  # abort raises; this line is never reached
 
         return handler

@@ -1,8 +1,16 @@
-"""Deckard's request fields to scored-tube arguments, and stored messages back to ``Message``.
+"""Deckard's request fields to engine arguments, and stored tasks back to ``Message``.
 
-The tube stores four data fields after its header, chosen here: description, string payload,
-metadata (a map of strings) and payload (name -> [type_url, value bytes]). Payload ``Any`` values
-are kept as their two fields, so they come back byte for byte, whatever the bytes are.
+A Deckard message is a task of the Deckard space (tube = queue, task id = message id, K10):
+
+* ``score`` is the task's priority ``pri`` (ipri stays 127), clamped to [0, 2^53] (K3);
+* ``string_payload`` is the task's one data field, so box.queue and Zaqar see it as the data or
+  the body; a task put through another API shows its data here: one string field as it is,
+  anything else as JSON (one field as its value, several as a list; bytes as UTF-8 text, or base64
+  when they are not);
+* ``description``, ``metadata`` and ``payload`` (name -> [type_url, value bytes], so Any values
+  come back byte for byte) are the task's attachments, kept in LMDB only;
+* diagnostics and the breakpoint are the task's attrs (``acks``, ``nacks``, ``cacks``,
+  ``cnacks``, ``bp``).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 # Imported so the JSON rendering knows the well-known types clients pack most often.
@@ -25,12 +34,31 @@ from google.protobuf import (  # noqa: F401
 
 from facades.deckard.errors import InvalidArgument
 from facades.deckard.generated import deckard_service_pb2 as pb
-from tubes.scored import MAX_SCORE, MIN_SCORE, TIMELESS_MS, NewMessage
-from tubes.scored_message import ScoredMessage, message_data
+from tubes.task import TUBE_LAYOUT, Task, stored_parts
 
 DEFAULT_ACK_DEADLINE_MS = 300_000
 MAX_PULL = 1000
 MINUTE_MS = 60_000
+MIN_SCORE = 0.0
+MAX_SCORE = float(2**53)
+TIMELESS_MS = 100 * 36525 * 24 * 3600 * 1000 // 100  # 100 years of 365.25 days, in ms
+
+
+@dataclass
+class NewMessage:
+    """One message of an Add: ``score`` None means "now" (Deckard's default algorithm)."""
+
+    queue: str
+    id: str
+    score: float | None
+    expires: int  # ms since the epoch
+    attachments: dict[str, Any]
+    data: list[Any]
+
+
+def clamp_score(score: float) -> float:
+    """Scores live in [0, 2^53] (K3); NaN is refused before it gets here."""
+    return min(max(float(score), MIN_SCORE), MAX_SCORE)
 
 
 def require(value: str, what: str) -> str:
@@ -59,9 +87,13 @@ def new_messages(request: pb.AddRequest, now_ms: int, default_ttl_minutes: int) 
         if ttl == 0 and not m.timeless:
             ttl = default_ttl_minutes  # K2
         expires = now_ms + ttl * MINUTE_MS + (TIMELESS_MS if m.timeless else 0)
-        payload = {name: [value.type_url, value.value] for name, value in m.payload.items()}
-        data = [m.description, m.string_payload, dict(m.metadata), payload]
-        out.append(NewMessage(m.queue, m.id, given_score(m.score, f"score of message {n}"), expires, data))
+        attachments = {
+            "description": m.description,
+            "metadata": dict(m.metadata),
+            "payload": {name: [value.type_url, value.value] for name, value in m.payload.items()},
+        }
+        score = given_score(m.score, f"score of message {n}")
+        out.append(NewMessage(m.queue, m.id, score, expires, attachments, [m.string_payload]))
     return out
 
 
@@ -80,25 +112,58 @@ def pull_bounds(request: pb.PullRequest, now_ms: int) -> tuple[int, float, float
     return amount, low, high, deadline
 
 
-def to_message(message: ScoredMessage, stored: bytes, *, description: bool = True) -> pb.Message:
-    """The wire ``Message`` of a stored message; its score is the one it is ordered by (K4)."""
-    desc, string_payload, metadata, payload = (message_data(stored) + [None] * 4)[:4]
+def body_text(data: list[Any]) -> str:
+    """``string_payload`` of a task: its one string field, else its data as JSON."""
+    if len(data) == 1 and isinstance(data[0], str):
+        return data[0]
+    if not data:
+        return ""
+    return json.dumps(data[0] if len(data) == 1 else data, ensure_ascii=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    return str(value)
+
+
+def to_message(task: Task, stored: bytes, *, description: bool = True) -> pb.Message:
+    """The wire ``Message`` of a stored task; its score is the one it is ordered by (K4)."""
+    attachments, data = stored_parts(stored, TUBE_LAYOUT)
+    attrs = task.attrs or {}
+    payload = attachments.get("payload") or {}
     return pb.Message(
-        id=message.id,
-        queue=message.queue,
-        description=(desc or "") if description else "",
-        string_payload=string_payload or "",
-        metadata=metadata or {},
-        score=message.score,
-        breakpoint=message.breakpoint,
-        payload={name: any_pb2.Any(type_url=url, value=value) for name, (url, value) in (payload or {}).items()},
+        id=task.id,
+        queue=task.tube,
+        description=(attachments.get("description") or "") if description else "",
+        string_payload=body_text(data),
+        metadata=attachments.get("metadata") or {},
+        score=float(task.pri),
+        breakpoint=attrs.get("bp", ""),
+        payload={name: any_pb2.Any(type_url=url, value=value) for name, (url, value) in payload.items()},
         diagnostics=pb.MessageDiagnostics(
-            acks=message.acks,
-            nacks=message.nacks,
-            consecutive_acks=message.consecutive_acks,
-            consecutive_nacks=message.consecutive_nacks,
+            acks=attrs.get("acks", 0),
+            nacks=attrs.get("nacks", 0),
+            consecutive_acks=attrs.get("cacks", 0),
+            consecutive_nacks=attrs.get("cnacks", 0),
         ),
     )
+
+
+def count_settle(attrs: dict[str, Any], *, nack: bool, breakpoint: str) -> None:
+    """An Ack or Nack in a message's diagnostics (and an Ack's breakpoint)."""
+    if nack:
+        attrs["nacks"] = attrs.get("nacks", 0) + 1
+        attrs["cnacks"] = attrs.get("cnacks", 0) + 1
+        attrs["cacks"] = 0
+    else:
+        attrs["acks"] = attrs.get("acks", 0) + 1
+        attrs["cacks"] = attrs.get("cacks", 0) + 1
+        attrs["cnacks"] = 0
+        attrs["bp"] = breakpoint
 
 
 def fitting(messages: list[pb.Message], limit: int) -> int:

@@ -1,23 +1,25 @@
-"""Calls from the gRPC server's asyncio thread into the trio engine, without holding a thread.
+"""Calls from grpcio's pool threads into the trio engine.
 
-grpcio's asyncio server runs on an event loop of its own, in one dedicated thread; the engine
-lives on trio's loop. A handler does ``await bridge.call(fn, *args)``: that creates an asyncio
-future, asks trio (``TrioToken.run_sync_soon``, safe from any thread) to start ``fn(*args)`` as a
-task in a nursery the facade owns, and awaits the future, so the asyncio loop keeps serving
-other calls. The trio task hands its result or exception back with
-``loop.call_soon_threadsafe``. If the asyncio side is cancelled (the client went away or its
-deadline passed), the trio task is cancelled too.
+grpcio's thread-pool server runs each call's handler on a thread of its pool; the engine lives on
+trio's loop. A handler calls ``bridge.call(fn, *args)``: the bridge asks trio
+(``TrioToken.run_sync_soon``, safe from any thread) to run ``fn(*args)`` and blocks the pool
+thread on a queue until the answer is handed back. Most engine calls return a
+:class:`spaces.later.Later` (settled from their commit), so they need no trio task at all; a call
+that returns a coroutine is awaited in a task of the nursery the facade owns.
+
+Measured here (bench/deckard_cycle.py and a bare health check, see the README): grpcio's
+thread-pool server spends less CPU per call than its asyncio server, whose loop in a thread of its
+own had to hand every call over twice.
 """
 
 from __future__ import annotations
 
-import asyncio
+import inspect
+import queue
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
-
-T = TypeVar("T")
 
 
 class BridgeClosed(RuntimeError):
@@ -25,7 +27,7 @@ class BridgeClosed(RuntimeError):
 
 
 class TrioBridge:
-    """Starts trio tasks in ``nursery`` on behalf of coroutines running on asyncio loops."""
+    """Runs engine calls on trio on behalf of threads that are not trio's."""
 
     def __init__(self, nursery: trio.Nursery, token: trio.lowlevel.TrioToken) -> None:
         self._nursery = nursery
@@ -36,69 +38,58 @@ class TrioBridge:
         """Refuse new calls (called on the trio side before the nursery is cancelled)."""
         self._closed = True
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``await fn(*args)`` on trio; must be awaited on an asyncio loop."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        scope = trio.CancelScope()
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` run on trio, waited for (its Later settled, its coroutine awaited);
+        called from a thread that is not trio's, which it blocks until then."""
+        answer: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+
+        def hand_back(value: Any, error: BaseException | None) -> None:
+            answer.put((value, error))
 
         def start() -> None:  # on the trio thread
             if self._closed:
-                _hand_back(loop, future, error=BridgeClosed("the server is shutting down"))
+                hand_back(None, BridgeClosed("the server is shutting down"))
                 return
-            self._nursery.start_soon(self._run, loop, future, scope, fn, args)
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                hand_back(None, exc)
+                return
+            then = getattr(result, "then", None)  # the engine's Later: settled by its commit
+            if then is not None:
+                then(hand_back)
+            elif inspect.isawaitable(result):
+                try:
+                    self._nursery.start_soon(self._await, result, hand_back)
+                except RuntimeError:  # the nursery is closed: the server is stopping
+                    _close(result)
+                    hand_back(None, BridgeClosed("the server is shutting down"))
+            else:
+                hand_back(result, None)
 
         try:
             self._token.run_sync_soon(start)
         except trio.RunFinishedError:
             raise BridgeClosed("the server is shutting down") from None
-        try:
-            return await future
-        except asyncio.CancelledError:
-            try:
-                self._token.run_sync_soon(scope.cancel)
-            except trio.RunFinishedError:
-                pass
-            raise
-
-    async def _run(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        future: asyncio.Future[Any],
-        scope: trio.CancelScope,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-    ) -> None:
-        with scope:
-            try:
-                result = await fn(*args)
-            except trio.Cancelled:
-                _hand_back(loop, future, error=BridgeClosed("the call was cancelled"))
-                raise
-            except Exception as exc:
-                _hand_back(loop, future, error=exc)
-                return
-            _hand_back(loop, future, result=result)
-
-
-def _hand_back(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    *,
-    result: Any = None,
-    error: BaseException | None = None,
-) -> None:
-    """Complete ``future`` on its own loop; nothing to do if it is gone or already cancelled."""
-
-    def complete() -> None:
-        if future.done():
-            return
+        value, error = answer.get()
         if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+            raise error
+        return value
 
-    try:
-        loop.call_soon_threadsafe(complete)
-    except RuntimeError:  # the loop is closed: nobody waits for this answer any more
-        pass
+    @staticmethod
+    async def _await(awaitable: Awaitable[Any], hand_back: Callable[[Any, BaseException | None], None]) -> None:
+        try:
+            value = await awaitable
+        except trio.Cancelled:
+            hand_back(None, BridgeClosed("the call was cancelled"))
+            raise
+        except Exception as exc:
+            hand_back(None, exc)
+            return
+        hand_back(value, None)
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import h11
 import trio
 
-from facades.asgi_serving import serve_asgi
+from facades.asgi_serving import Handler, serve_asgi
 from facades.sonya.app import SonyaApi
+from facades.sonya.longpolls import LongPolls
+from facades.sonya.socket_listeners import WebSocketListeners
 from facades.sonya.tokens import Tokens
 from tubes.broadcast import Broadcast
 
@@ -23,5 +26,12 @@ async def serve_sonya(
 ) -> None:
     """Serve the API on ``host:port`` until ``shutdown`` is set (end the broadcast's listeners
     first so open long-polls are answered); started() with the bound port."""
-    app = SonyaApi(broadcast, Tokens(service_token, jwt_ttl_s), longpoll_max_wait_s).app()
-    await serve_asgi(app, host, port, shutdown, name="Sonya", task_status=task_status)
+    tokens = Tokens(service_token, jwt_ttl_s)
+    app = SonyaApi(broadcast, tokens, longpoll_max_wait_s).app()
+    sockets = WebSocketListeners(broadcast, tokens)
+    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown)
+
+    def takeover(request: h11.Request) -> Handler | None:
+        return sockets.takeover(request) or polls.takeover(request)
+
+    await serve_asgi(app, host, port, shutdown, name="Sonya", takeover=takeover, task_status=task_status)

@@ -27,13 +27,13 @@ from facades.sonya.inputs import (
     parse_sequence,
 )
 from facades.sonya.tokens import Denied, Tokens, bearer
-from tubes.broadcast import CLOSED, DELETED, OVERFLOW, SHUTDOWN, Broadcast, Subscription
+from tubes.broadcast import CLOSED, DELETED, FAILED, OVERFLOW, SHUTDOWN, Broadcast, Subscription
 from tubes.sequences import Message
 
 log = logging.getLogger(__name__)
 
 # WebSocket close codes by the reason a listener ended (S7).
-CLOSE_CODES = {CLOSED: 1000, DELETED: 1000, OVERFLOW: 1008, SHUTDOWN: 1001}
+CLOSE_CODES = {CLOSED: 1000, DELETED: 1000, OVERFLOW: 1008, SHUTDOWN: 1001, FAILED: 1011}
 # A socket whose client stops reading holds a send this long before it is dropped.
 SEND_TIMEOUT_S = 30.0
 # How much of an oversized body is read and dropped before the 413 is sent.
@@ -44,15 +44,15 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status, media_type="application/json")
 
 
-def _messages(items: list[Message]) -> Response:
+def messages_response(items: list[Message]) -> Response:
     return Response("[" + ",".join(m.json for m in items) + "]", 200, media_type="application/json")
 
 
-def _denied(exc: Denied) -> Response:
+def denied_response(exc: Denied) -> Response:
     return JSONResponse({"error": exc.message}, exc.status)
 
 
-def _not_found() -> Response:
+def not_found_response() -> Response:
     return PlainTextResponse("Queue Not Found", 404)
 
 
@@ -88,11 +88,7 @@ class SonyaApi:
 
     def _authorize(self, conn: Request | WebSocket) -> None:
         token = bearer(conn.headers, conn.query_params)
-        key = conn.path_params.get("id")
-        if key is None:
-            self.tokens.check_service(token)
-        else:
-            self.tokens.check_key(token, conn.path_params["queue"], key)
+        self.tokens.check_listen(token, conn.path_params["queue"], conn.path_params.get("id"))
 
     # -- management --------------------------------------------------------------------------
 
@@ -100,7 +96,7 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             await self.broadcast.create(request.path_params["queue"])
         except Exception:
@@ -112,7 +108,7 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             existed = await self.broadcast.close(request.path_params["queue"])
         except Exception:
@@ -124,7 +120,7 @@ class SonyaApi:
         try:
             self.tokens.check_service(bearer(request.headers, request.query_params))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         try:
             existed = await self.broadcast.delete(request.path_params["queue"], request.path_params["id"])
         except Exception:
@@ -138,7 +134,7 @@ class SonyaApi:
             check_content_type(request.headers.get("content-type"))
             body = parse_send(await _read_body(request))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         except BadInput as exc:
             return PlainTextResponse(exc.text, exc.status)
         try:
@@ -154,7 +150,7 @@ class SonyaApi:
         try:
             self.tokens.check_service(bearer(request.headers, request.query_params))
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         token, expiration = self.tokens.mint(request.path_params["queue"], request.path_params["id"])
         return _json({"token": token, "expiration": expiration})
 
@@ -170,14 +166,14 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         got = self._subscribe(request)
         if got is None:
-            return _not_found()
+            return not_found_response()
         preload, sub = got
         with sub:
             if preload:
-                return _messages(preload)
+                return messages_response(preload)
             received: list[Message] = []
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
@@ -186,7 +182,7 @@ class SonyaApi:
                     if item is not None:
                         received.append(item)
                 nursery.cancel_scope.cancel()
-        return _messages(received)
+        return messages_response(received)
 
     async def websocket(self, ws: WebSocket) -> None:
         """Preload then live messages, one text frame each; closed 1000 when the queue or id goes
@@ -194,11 +190,11 @@ class SonyaApi:
         try:
             self._authorize(ws)
         except Denied as exc:
-            await ws.send_denial_response(_denied(exc))
+            await ws.send_denial_response(denied_response(exc))
             return
         got = self._subscribe(ws)
         if got is None:
-            await ws.send_denial_response(_not_found())
+            await ws.send_denial_response(not_found_response())
             return
         preload, sub = got
         with sub:
@@ -220,9 +216,9 @@ class SonyaApi:
         try:
             self._authorize(request)
         except Denied as exc:
-            return _denied(exc)
+            return denied_response(exc)
         if request.path_params["queue"] not in self.broadcast.queues:
-            return _not_found()
+            return not_found_response()
         if request.method != "GET":
             return PlainTextResponse("Method Not Allowed", 405, headers={"Allow": "GET"})
         return PlainTextResponse("WebSocket upgrade expected", 400)

@@ -85,6 +85,13 @@ class Tokens:
         if claims.get("iss") != queue or claims.get("sub") != key:
             raise Denied(403, "token is for another queue or id")
 
+    def check_listen(self, token: str | None, queue: str, key: str | None) -> None:
+        """Whole-queue listening takes the service token, by-id listening a JWT (spec 4)."""
+        if key is None:
+            self.check_service(token)
+        else:
+            self.check_key(token, queue, key)
+
     def mint(self, queue: str, key: str) -> tuple[str, int]:
         """A JWT for (queue, key) and its expiry in Unix seconds."""
         assert self.service_token is not None

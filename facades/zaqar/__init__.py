@@ -1,4 +1,4 @@
-"""The Zaqar facade: OpenStack Zaqar's v1.1 REST API over the claim queues of ``tubes.claims``."""
+"""The Zaqar facade: OpenStack Zaqar's v1.1 REST API over the engine's Zaqar spaces."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import trio
 
 from facades.asgi_serving import serve_asgi
 from facades.zaqar.app import ZaqarApp
+from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
-from tubes.claims import ClaimQueues
 
 __all__ = ["Limits", "ZaqarApp", "serve_zaqar"]
 
 
 async def serve_zaqar(
-    queues: ClaimQueues,
+    queues: ZaqarQueues,
     host: str,
     port: int,
     shutdown: trio.Event,

@@ -9,15 +9,15 @@ from starlette.responses import Response
 
 from facades.zaqar import http_input as inp
 from facades.zaqar.errors import BAD_BODY, UNABLE_TO_DELETE, ZaqarError, bad_body, not_found
+from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import BASE, Call, Limits, document, next_link, no_content
-from tubes.claims import MESSAGES_SPACE, ClaimQueues
 from tubes.pools import URI_SCHEME, Flavor, Pool, PoolError
 
 
 class AdminHandlers:
     """Health, pools and flavors; :class:`facades.zaqar.app.ZaqarApp` routes to them."""
 
-    queues: ClaimQueues
+    queues: ZaqarQueues
     limits: Limits
 
     async def read_body(self, call: Call, **kwargs: Any) -> Any:
@@ -39,7 +39,7 @@ class AdminHandlers:
 
         pools = queues.pools.pools
         if not pools:
-            return document(call, figures(MESSAGES_SPACE))
+            return document(call, figures(queues.default.space.name))
         doc: dict[str, Any] = {"catalog_reachable": True}
         for pool in pools.values():
             doc[pool.name] = figures(pool.uri[len(URI_SCHEME):])

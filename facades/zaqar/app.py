@@ -1,4 +1,4 @@
-"""The Zaqar v1.1 REST API as a Starlette ASGI application over :class:`tubes.claims.ClaimQueues`.
+"""The Zaqar v1.1 REST API as a Starlette ASGI application over :class:`facades.zaqar.queues.ZaqarQueues`.
 
 Requests pass Zaqar's checks in Zaqar's order (Content-Type, Accept, Client-ID, X-Project-Id,
 then routing with 404/405, then the queue name), are answered by one handler per route and
@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from facades.zaqar import http_input as inp
+from facades.zaqar import queues as store
 from facades.zaqar.admin import AdminHandlers
 from facades.zaqar.errors import (
     LIMIT_TEXT,
@@ -31,6 +32,7 @@ from facades.zaqar.errors import (
     not_found,
     unavailable,
 )
+from facades.zaqar.queues import StorageError, ZaqarQueues
 from facades.zaqar.responses import (
     BASE,
     Call,
@@ -44,8 +46,6 @@ from facades.zaqar.responses import (
     page_limit,
     stat_doc,
 )
-from tubes import claims as store
-from tubes.claims import ClaimQueues, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ UNAVAILABLE = {
 class ZaqarApp(AdminHandlers):
     """Routes and handlers; ``asgi`` is the Starlette application to serve."""
 
-    def __init__(self, queues: ClaimQueues, limits: Limits | None = None, default_project: str | None = None) -> None:
+    def __init__(self, queues: ZaqarQueues, limits: Limits | None = None, default_project: str | None = None) -> None:
         self.queues = queues
         self.limits = limits or Limits()
         self.default_project = default_project

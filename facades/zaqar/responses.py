@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from facades.zaqar import http_input as inp
 from facades.zaqar.errors import LIMIT_TEXT, ZaqarError, bad_api
-from tubes.claims import Message
+from facades.zaqar.queues import Message
 
 BASE = "/v1.1"
 

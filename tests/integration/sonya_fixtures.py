@@ -163,29 +163,32 @@ class RawWebSocket:
         self.status = int(head.split(b" ", 2)[1])
 
     def frames(self, timeout: float = 20) -> list[tuple[int, bytes]]:
-        """Read until the server closes the connection; (opcode, payload) of every frame."""
+        """Read until the server sends a close frame or closes the connection; (opcode, payload)
+        of every frame."""
         self.sock.settimeout(timeout)
-        data = self.buffer
+        data = bytearray(self.buffer)
+        out: list[tuple[int, bytes]] = []
+        at = 0
         while True:
+            while len(data) - at >= 2:  # every complete frame so far
+                opcode, length, start = data[at] & 0x0F, data[at + 1] & 0x7F, at + 2
+                if length == 126:
+                    length, start = struct.unpack(">H", data[at + 2:at + 4])[0], at + 4
+                elif length == 127:
+                    length, start = struct.unpack(">Q", data[at + 2:at + 10])[0], at + 10
+                if len(data) < start + length:
+                    break
+                out.append((opcode, bytes(data[start:start + length])))
+                at = start + length
+            if out and out[-1][0] == 8:
+                return out
             try:
                 chunk = self.sock.recv(1 << 20)
             except (TimeoutError, ConnectionResetError):
-                break
+                return out
             if not chunk:
-                break
+                return out
             data += chunk
-        out = []
-        while len(data) >= 2:
-            opcode, length, at = data[0] & 0x0F, data[1] & 0x7F, 2
-            if length == 126:
-                length, at = struct.unpack(">H", data[2:4])[0], 4
-            elif length == 127:
-                length, at = struct.unpack(">Q", data[2:10])[0], 10
-            if len(data) < at + length:
-                break
-            out.append((opcode, data[at:at + length]))
-            data = data[at + length:]
-        return out
 
     def close(self) -> None:
         self.sock.close()

@@ -1151,6 +1151,35 @@ def test_closing_the_takers_connection_makes_its_tasks_ready(qserver, q, tube):
     assert [q.task("take", 0, tube, 0)[0] for _ in range(2)] == [a, b]  # order kept
 
 
+def test_statistics_move_in_the_same_step_as_the_state_they_count(qserver, q, tube):
+    """A consumer holding two tasks disconnects; a poller sends ``meta`` of both tasks and
+    ``statistics`` in one write (answered in that order, with nothing between them), again and
+    again: whenever ``meta`` shows a task ready, ``statistics`` already counts it as
+    ``ready_by_disconnect``, never the state without its counter."""
+    poller = RawIproto(qserver.port)
+    try:
+        for round_ in range(10):
+            name = f"{tube}-{round_}"
+            ids = [q.task("put", 0, name, 0, 0, 0, 0, i)[0] for i in ("a", "b")]
+            taker = Q(qserver.port)
+            assert [taker.task("take", 0, name, 0)[0] for _ in ids] == ids
+            taker.close()
+            deadline = time.monotonic() + 5
+            while True:
+                syncs = poller.send_many([("box.queue.meta", [0, i]) for i in ids] + [("box.queue.statistics", [0, name])])
+                answers = [poller.wait_for(s) for s in syncs]
+                assert all(code == 0 for code, _data in answers), answers
+                ready = sum(data[0][2] == "ready" for _code, data in answers[:2])
+                stats = as_map(answers[2][1][0])
+                assert stats.get(f"space0.{name}.ready_by_disconnect", 0) == ready, (ready, stats)
+                assert stats[f"space0.{name}.tasks.ready"] == ready
+                if ready == 2:
+                    break
+                assert time.monotonic() < deadline, "the tasks did not come back"
+    finally:
+        poller.close()
+
+
 def test_a_disconnect_hands_the_task_to_a_waiting_consumer(qserver, q, tube):
     taker = Q(qserver.port)
     tid = q.task("put", 0, tube, 0, 0, 0, 0, "d")[0]

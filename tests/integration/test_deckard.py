@@ -345,7 +345,8 @@ def test_default_ttl_applies_when_ttl_is_zero(dk, q, server):
     dk.add(q, "ten", ttl_minutes=10)
     conn = tarantool.connect("127.0.0.1", server.proc.port)
     try:
-        expires = {row[1]: row[6] for row in conn.select("deckard_messages", [q]).data}
+        # a task of the Deckard space: id, ..., created (us), ttl (us); expiry = created + ttl
+        expires = {row[0]: (row[7] + row[8]) / 1000 for row in conn.select("deckard", [q]).data}
     finally:
         conn.close()
     day, century = 1440 * 60_000, 100 * 365.25 * 86_400_000
@@ -379,7 +380,7 @@ def test_flush_clears_deckard_queues_only(dk, server):
         assert dk.stub.Flush(pb.FlushRequest()).success
         assert (dk.count(""), dk.count(q)) == (0, 0)
         assert dk.stub.GetQueue(pb.GetQueueRequest(queue=q)).configuration.max_elements == 0
-        assert conn.select("deckard_messages").data == []
+        assert conn.select("deckard").data == []
         assert conn.select("keep").data == [[1, "not a Deckard message"]]
     finally:
         conn.close()

@@ -366,10 +366,10 @@ def test_stopping_during_a_large_add_keeps_it_whole_or_not_at_all(tmp_path, how)
 def test_a_space_named_like_deckards_with_another_layout_stops_the_server_cleanly(tmp_path):
     srv = DeckardServer.create(tmp_path / "srv")
     srv.proc.extra_config += (
-        '\n[[space]]\nname = "deckard_messages"\nformat = [{ name = "id", type = "unsigned" }]\n'
+        '\n[[space]]\nname = "deckard"\nformat = [{ name = "id", type = "unsigned" }]\n'
         'indexes = [{ name = "primary", type = "TREE", unique = true, parts = [{ field = 0, type = "unsigned" }] }]\n'
     )
     done = serve_until_it_exits(srv)
     assert done.returncode == 1, done.stderr
-    assert "Space 'deckard_messages' already exists" in done.stderr
+    assert "Space 'deckard' already exists" in done.stderr
     assert "Traceback" not in done.stderr

@@ -102,6 +102,48 @@ def test_malformed_requests_get_errors_and_the_connection_survives(server):
     c.close()
 
 
+def test_headers_are_checked_as_tarantool_checks_them(server):
+    """Tarantool's xrow_header_decode: keys it knows, each with the type it expects; the error
+    carries the sync read before the fault (0 when it came first)."""
+    c = RawClient(server.port)
+    bad_header = (0x8000 | 20, "Invalid MsgPack - packet header")
+    cases = [
+        ({0: 64, 1: 21, 0x7F: 1}, 21),  # a key Tarantool does not know, after the sync
+        ({0x7F: 1, 0: 64, 1: 22}, 0),  # the same key first
+        ({0: "ping", 1: 23}, 0),  # a request type that is a string
+        ({0: -1, 1: 24}, 0),  # a negative request type
+        ({0: 64, 1: -25}, 0),  # a negative sync
+        ({0: 64, 1: 26, 5: "x"}, 26),  # a schema version that is a string
+        ({0: 64, 1: 27, 0x30: [1]}, 27),  # a key Tarantool knows only in bodies
+    ]
+    for header_map, sync in cases:
+        c.send(c.frame(header_map))
+        header, body = c.response()
+        assert (header[0], body[0x31]) == bad_header, header_map
+        assert header[1] == sync, header_map
+    c.send(c.frame({0: 64, 1: 28, 4: 1.5}))  # a timestamp, a double: a key Tarantool accepts
+    header, _ = c.response()
+    assert header[0] == 0 and header[1] == 28
+    c.close()
+
+
+def test_upsert_needs_its_operations_and_hash_keys_their_part_count(server):
+    c = RawClient(server.port)
+    c.send(c.frame({0: 9, 1: 31}, {0x10: 512, 0x21: [9_000_001, "no ops"]}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 69 and body[0x31] == "Missing mandatory field 'operations' in request"
+    c.send(c.frame({0: 1, 1: 32}, {0x10: 512, 0x11: 0, 0x12: 1, 0x14: 0, 0x20: [9_000_001]}))
+    header, body = c.response()
+    assert header[0] == 0 and len(body[0x30]) == 0  # nothing was inserted
+    c.send(c.frame({0: 1, 1: 33}, {0x10: 513, 0x11: 0, 0x12: 1, 0x14: 0, 0x20: ["a", "b"]}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 31 and body[0x31] == "Invalid key part count (expected [0..1], got 2)"
+    c.send(c.frame({0: 1, 1: 34}, {0x10: 513, 0x11: 0, 0x12: 1, 0x14: 0, 0x20: []}))
+    header, body = c.response()
+    assert header[0] == 0x8000 | 136  # a partial key of a HASH index
+    c.close()
+
+
 def test_bad_length_prefix_closes_only_that_connection(server):
     victim, bystander = RawClient(server.port), RawClient(server.port)
     victim.send(b"\xa5hello")

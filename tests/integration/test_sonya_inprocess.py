@@ -96,3 +96,35 @@ async def test_listener_overflow_ends_only_that_listener(running):
         assert await slow.next() is None
         assert reader.ended is None
         assert broadcast.listener_count() == 1
+
+
+async def test_a_failing_sink_is_ended_and_the_fan_out_goes_on(running):
+    server, _ports = running
+    broadcast = server.broadcast
+    await broadcast.create("q")
+
+    class Breaks:
+        def __init__(self) -> None:
+            self.got: list[int] = []
+            self.why: list[str] = []
+
+        def deliver(self, item) -> int:
+            if item.sequence == 2:
+                raise ValueError("a bug in a transport")
+            self.got.append(item.sequence)
+            return 0
+
+        def ended(self, reason: str) -> None:
+            self.why.append(reason)
+
+    sink = Breaks()
+    _, broken = broadcast.subscribe("q", None, None, sink=sink)
+    _, reader = broadcast.subscribe("q", None, None)
+    _, after = broadcast.subscribe("q", None, None)  # registered after the broken one
+    with broken, reader, after:
+        for i in range(3):  # (read as we go: this server's listener_buffer is 2)
+            await broadcast.send("q", "k", str(i))
+            assert (await reader.next()).sequence == i + 1
+            assert (await after.next()).sequence == i + 1
+        assert (sink.got, sink.why, broken.ended) == ([1], ["failed"], "failed")
+        assert broadcast.listener_count() == 2

@@ -583,7 +583,8 @@ def test_queues_are_placed_on_pools(zaqar, c):
             rows = conn.select(space).data
         finally:
             conn.close()
-        assert [(r[1], r[2], r[3], r[8]) for r in rows] == [("proj", name, mid, {"where": "pool"})]
+        # a task of the pool's space: id, tube "project/queue", ..., the body as its data (field 14)
+        assert [(r[1], r[0], r[14]) for r in rows] == [(f"proj/{name}", mid, {"where": "pool"})]
         health = c.get("/v1.1/health").json()  # with pools, the figures are per pool
         assert health["catalog_reachable"] is True
         assert health["placing"]["storage_reachable"] is True

@@ -2,7 +2,7 @@
 on time, and storage failures answered with 503.
 
 The API's ranges (claim and message ttl of at least 60 s) would make these tests minutes long, so
-the claims and messages are made through the same ``ClaimQueues`` the facade uses, with ttls of
+the claims and messages are made through the same ``ZaqarQueues`` the facade uses, with ttls of
 a second or two, and observed over HTTP."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def running(tmp_path, nursery):
 
 async def test_claim_expires_on_time_and_grace_keeps_the_message(running):
     server, c = running
-    queues = server.claim_queues
+    queues = server.zaqar_queues
     ids = await queues.post("p", "q", "someone", [("short", 1), ("long", 600)])
     claim, msgs = await queues.claim("p", "q", ttl=1, grace=1, limit=5)
     assert [m.id for m in msgs] == ids
@@ -58,7 +58,7 @@ async def test_claim_expires_on_time_and_grace_keeps_the_message(running):
         await trio.sleep(0.05)
     # The monitor removed it from storage too, not just from view.
     await trio.sleep(0.3)
-    assert ids[0] not in server.claim_queues.queue("p", "q").by_id
+    assert server.engine.get(server.zaqar_space.id, "p/q", ids[0]) is None
     stats = (await c.get("/v1.1/queues/q/stats")).json()["messages"]
     assert (stats["total"], stats["claimed"]) == (1, 0)
     assert (await c.delete(f"/v1.1/queues/q/messages/{ids[1]}")).status_code == 204
@@ -66,7 +66,7 @@ async def test_claim_expires_on_time_and_grace_keeps_the_message(running):
 
 async def test_message_expires_on_time(running):
     server, c = running
-    (mid,) = await server.claim_queues.post("p", "q", "someone", [("brief", 1)])
+    (mid,) = await server.zaqar_queues.post("p", "q", "someone", [("brief", 1)])
     assert (await c.get(f"/v1.1/queues/q/messages/{mid}")).status_code == 200
     started = time.monotonic()
     while (await c.get(f"/v1.1/queues/q/messages/{mid}")).status_code == 200:
@@ -78,9 +78,9 @@ async def test_message_expires_on_time(running):
 
 async def test_renew_extends_the_claim(running):
     server, c = running
-    await server.claim_queues.post("p", "q", "someone", [("m", 600)])
-    claim, _ = await server.claim_queues.claim("p", "q", ttl=1, grace=60, limit=1)
-    assert await server.claim_queues.renew("p", "q", claim.id, ttl=3, grace=60)
+    await server.zaqar_queues.post("p", "q", "someone", [("m", 600)])
+    claim, _ = await server.zaqar_queues.claim("p", "q", ttl=1, grace=60, limit=1)
+    assert await server.zaqar_queues.renew("p", "q", claim.id, ttl=3, grace=60)
     await trio.sleep(1.5)
     r = await c.get(f"/v1.1/queues/q/claims/{claim.id}")
     assert r.status_code == 200 and r.json()["ttl"] == 3 and r.json()["age"] <= 2
@@ -88,26 +88,26 @@ async def test_renew_extends_the_claim(running):
 
 async def test_storage_failure_is_503_and_the_server_keeps_serving(running, monkeypatch):
     """A failing commit cannot be caused for real here, so the committer is made to fail."""
-    from tubes.claims import StorageError
+    from facades.zaqar.queues import StorageError
 
     server, c = running
-    committer = server.claim_queues.committer
-    real_write = committer.write
+    committer = server.engine.committer
+    real_submit = committer.submit
 
-    async def failing(*args, **kwargs):
+    def failing(*args, **kwargs):
         raise StorageError("disk gone")
 
-    monkeypatch.setattr(committer, "write", failing)
+    monkeypatch.setattr(committer, "submit", failing)
     r = await c.post("/v1.1/queues/q/messages", json={"messages": [{"body": 1}]})
     assert r.status_code == 503
     assert r.json() == {"title": "Service temporarily unavailable",
                         "description": "Messages could not be enqueued. Please try again in a few seconds."}
     assert "q" not in [x["name"] for x in (await c.get("/v1.1/queues")).json()["queues"]]
-    monkeypatch.setattr(committer, "write", real_write)
+    monkeypatch.setattr(committer, "submit", real_submit)
     assert (await c.post("/v1.1/queues/q/messages", json={"messages": [{"body": 1}]})).status_code == 201
     claim = await c.post("/v1.1/queues/q/claims")
-    monkeypatch.setattr(committer, "write", failing)
+    monkeypatch.setattr(committer, "submit", failing)
     r = await c.delete(claim.headers["location"])
     assert r.status_code == 503 and r.json()["description"].startswith("Claim could not be deleted.")
-    monkeypatch.setattr(committer, "write", real_write)
+    monkeypatch.setattr(committer, "submit", real_submit)
     assert (await c.get("/v1.1/ping")).status_code == 204

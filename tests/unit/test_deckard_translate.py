@@ -11,8 +11,9 @@ from google.protobuf import any_pb2, wrappers_pb2
 from facades.deckard import translate
 from facades.deckard.errors import InvalidArgument
 from facades.deckard.generated import deckard_service_pb2 as pb
-from tubes.scored import MAX_SCORE, TIMELESS_MS
-from tubes.scored_message import ACTIVE, ScoredMessage, encode_message
+from facades.deckard.translate import MAX_SCORE, TIMELESS_MS
+from spaces.msgpack_values import pack
+from tubes.task import READY, Task, encode_task
 
 NOW = 1_700_000_000_000
 
@@ -66,18 +67,25 @@ def test_new_messages_checks_every_message_first(message, text):
 
 def test_to_message_round_trips_the_stored_data():
     payload = {"p": ["type.googleapis.com/x.Y", b"\x00\xff"]}
-    stored = encode_message(
-        ScoredMessage("q", "m", ACTIVE, 5.0, 0, -1.0, NOW, 1, 2, 1, 0, 1, "bp").header(),
-        ["desc", "text", {"k": "v"}, payload],
-    )
-    message = ScoredMessage("q", "m", ACTIVE, 5.0, 0, -1.0, NOW, 1, 2, 1, 0, 1, "bp")
-    wire = translate.to_message(message, stored)
+    attrs = {"acks": 2, "nacks": 1, "cacks": 0, "cnacks": 1, "bp": "bp"}
+    task = Task("m", "q", READY, NOW * 1000, 127, 5.0, 0, 1, NOW * 1000, 300, 0, 0, attrs)
+    stored = encode_task(task.header(), 2, pack({"description": "desc", "metadata": {"k": "v"}, "payload": payload})
+                         + pack("text"))
+    wire = translate.to_message(task, stored)
     assert (wire.id, wire.queue, wire.description, wire.string_payload, wire.score, wire.breakpoint) == (
         "m", "q", "desc", "text", 5.0, "bp",
     )
     assert dict(wire.metadata) == {"k": "v"}
     assert (wire.payload["p"].type_url, wire.payload["p"].value) == ("type.googleapis.com/x.Y", b"\x00\xff")
     assert (wire.diagnostics.acks, wire.diagnostics.nacks, wire.diagnostics.consecutive_nacks) == (2, 1, 1)
+
+
+def test_string_payload_of_a_task_from_another_api():
+    """One string field is the payload; other data shows as JSON."""
+    assert translate.body_text(["plain"]) == "plain"
+    assert translate.body_text([]) == ""
+    assert translate.body_text([{"a": 1}]) == '{"a": 1}'
+    assert translate.body_text(["a", 2, b"\xff"]) == '["a", 2, "/w=="]'
 
 
 def test_human_readable_falls_back_to_type_url_and_base64():

@@ -132,3 +132,16 @@ def test_fast_string_key_matches_the_general_encoding(value):
     if fast is not None:
         assert fast == keys.stored_form(keys.encode([value]))
     assert keys.encode_string_key(value.encode("utf-8", "surrogatepass")) is None
+
+
+@given(st.integers(min_value=0, max_value=2**53) | st.integers(min_value=0, max_value=5000))
+def test_unsigned_parts_are_the_sortable_double_of_the_value(value):
+    # The integer path works the double's bits out without a float; it must agree with one.
+    import struct
+
+    bits = bytearray(struct.pack(">d", float(value)))
+    bits[0] |= 0x80
+    expected = b"\x20" + bytes(bits) + b"\x00"
+    assert keys.encode_part(value) == expected
+    assert keys.encode_unsigned_key(value) == expected
+    assert keys.encode_part(float(value)) == expected

@@ -1,19 +1,19 @@
-"""The asyncio-to-trio bridge, with a real asyncio loop in a real thread (as the gRPC server runs)."""
+"""The thread-to-trio bridge, called from real threads (as grpcio's pool threads call it)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import pytest
 import trio
 
 from facades.deckard.trio_bridge import BridgeClosed, TrioBridge
+from spaces.later import Later
 
 
-async def on_asyncio_thread(main):
-    """Run ``main()`` on a fresh asyncio loop in a worker thread; its result."""
-    return await trio.to_thread.run_sync(lambda: asyncio.run(main()))
+async def on_thread(fn):
+    """Run ``fn()`` on a worker thread (not trio's); its result."""
+    return await trio.to_thread.run_sync(fn)
 
 
 async def test_a_call_runs_on_trio_and_returns_its_result(nursery):
@@ -25,12 +25,26 @@ async def test_a_call_runs_on_trio_and_returns_its_result(nursery):
         trio.lowlevel.current_task()  # raises unless on trio
         return threading.get_ident(), x * 2
 
-    async def main():
-        return threading.get_ident(), await bridge.call(where, 21)
-
-    caller, (callee, value) = await on_asyncio_thread(main)
+    caller, (callee, value) = await on_thread(lambda: (threading.get_ident(), bridge.call(where, 21)))
     assert callee == trio_thread != caller
     assert value == 42
+
+
+async def test_a_later_is_waited_for_without_a_task(nursery):
+    """An engine call that returns a Later answers when it settles."""
+    bridge = TrioBridge(nursery, trio.lowlevel.current_trio_token())
+    later: Later[int] = Later()
+
+    def engine_call() -> Later[int]:
+        trio.lowlevel.current_trio_token()  # raises unless on trio
+        return later
+
+    async def settle_soon() -> None:
+        await trio.sleep(0.05)
+        later.settle(7)
+
+    nursery.start_soon(settle_soon)
+    assert await on_thread(lambda: bridge.call(engine_call)) == 7
 
 
 async def test_exceptions_come_back_to_the_caller(nursery):
@@ -40,16 +54,25 @@ async def test_exceptions_come_back_to_the_caller(nursery):
         await trio.sleep(0)
         raise ValueError("engine said no")
 
-    async def main():
-        with pytest.raises(ValueError, match="engine said no"):
-            await bridge.call(fails)
-        return True
+    def failed_later() -> Later[None]:
+        later: Later[None] = Later()
+        later.settle(None, KeyError("gone"))
+        return later
 
-    assert await on_asyncio_thread(main)
+    def call_both() -> list[str]:
+        seen = []
+        for fn in (fails, failed_later):
+            try:
+                bridge.call(fn)
+            except Exception as exc:
+                seen.append(type(exc).__name__)
+        return seen
+
+    assert await on_thread(call_both) == ["ValueError", "KeyError"]
 
 
-async def test_waiting_calls_do_not_hold_the_asyncio_thread(nursery):
-    """200 calls wait on trio at once, all started from one asyncio thread: none blocks it."""
+async def test_waiting_calls_hold_only_their_own_threads(nursery):
+    """40 threads wait on trio at once; trio keeps running and answers them all."""
     bridge = TrioBridge(nursery, trio.lowlevel.current_trio_token())
     release = trio.Event()
     waiting = 0
@@ -58,47 +81,23 @@ async def test_waiting_calls_do_not_hold_the_asyncio_thread(nursery):
     async def wait_then(x: int) -> int:
         nonlocal waiting
         waiting += 1
-        if waiting == 200:
+        if waiting == 40:
             all_waiting.set()
         await release.wait()
         return x
 
-    async def main():
-        return await asyncio.gather(*(bridge.call(wait_then, i) for i in range(200)))
+    results: dict[int, int] = {}
 
-    async def releaser():
-        await all_waiting.wait()
-        release.set()
+    async def one(i: int) -> None:
+        results[i] = await trio.to_thread.run_sync(bridge.call, wait_then, i, limiter=trio.CapacityLimiter(1))
 
-    nursery.start_soon(releaser)
     with trio.fail_after(20):
-        assert await on_asyncio_thread(main) == list(range(200))
-
-
-async def test_cancelling_the_asyncio_side_cancels_the_trio_task(nursery):
-    bridge = TrioBridge(nursery, trio.lowlevel.current_trio_token())
-    started = threading.Event()
-    cancelled = trio.Event()
-
-    async def forever() -> None:
-        started.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
-
-    async def main():
-        task = asyncio.ensure_future(bridge.call(forever))
-        while not started.is_set():
-            await asyncio.sleep(0.005)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return True
-
-    assert await on_asyncio_thread(main)
-    with trio.fail_after(5):
-        await cancelled.wait()
+        async with trio.open_nursery() as callers:
+            for i in range(40):
+                callers.start_soon(one, i)
+            await all_waiting.wait()
+            release.set()
+    assert results == {i: i for i in range(40)}
 
 
 async def test_a_closed_bridge_refuses_calls(nursery):
@@ -109,12 +108,11 @@ async def test_a_closed_bridge_refuses_calls(nursery):
     async def never() -> None:
         ran.append(True)
 
-    async def main():
+    def call() -> None:
         with pytest.raises(BridgeClosed):
-            await bridge.call(never)
-        return True
+            bridge.call(never)
 
-    assert await on_asyncio_thread(main)
+    await on_thread(call)
     assert ran == []
 
 
@@ -130,9 +128,9 @@ async def test_shutting_down_the_owning_nursery_fails_calls_in_flight():
                 started.set()
                 await trio.sleep_forever()
 
-            async def main():
+            def call() -> None:
                 try:
-                    await bridge.call(forever)
+                    bridge.call(forever)
                 except BridgeClosed as exc:
                     outcome.append(str(exc))
 
@@ -142,5 +140,5 @@ async def test_shutting_down_the_owning_nursery_fails_calls_in_flight():
                 calls.cancel_scope.cancel()
 
             outer.start_soon(cancel_when_started)
-            await on_asyncio_thread(main)
+            await on_thread(call)
     assert outcome == ["the call was cancelled"]

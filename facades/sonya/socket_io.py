@@ -1,0 +1,96 @@
+"""Writing HTTP answers on a raw non-blocking socket, for the connections the Sonya facade serves
+itself (``socket_listeners``, ``longpolls``): the same Starlette ``Response`` objects the ASGI
+endpoints return, framed by h11 for the request they answer."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from urllib.parse import unquote
+from wsgiref.handlers import format_date_time
+
+import h11
+import trio
+from starlette.responses import Response
+
+# A socket whose client stops reading holds its bytes this long before it is dropped.
+SEND_TIMEOUT_S = 30.0
+
+Route = tuple[str, str | None, str]  # queue, id (None: the whole queue), query string
+
+
+def match_get(request: h11.Request, path: re.Pattern[str]) -> Route | None:
+    """(queue, id, query) of a GET whose percent-decoded path matches ``path`` (two groups, the
+    second optional, as Starlette routes the same paths); None for anything else."""
+    if request.method != b"GET":
+        return None
+    raw_path, _, query = request.target.partition(b"?")
+    try:
+        match = path.fullmatch(unquote(raw_path.decode("ascii")))
+    except UnicodeDecodeError:
+        return None
+    if match is None:
+        return None
+    return match.group(1), match.group(2), query.decode("latin-1")
+
+
+def http_response(conn: h11.Connection, answer: Response, close: bool = False) -> bytes:
+    """``answer`` as bytes for the request ``conn`` has read (with a Date header, as hypercorn
+    sends; ``close`` adds ``Connection: close``)."""
+    headers = [*answer.raw_headers, (b"date", format_date_time(time.time()).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
+    data += conn.send(h11.Data(data=answer.body)) or b""
+    return data + (conn.send(h11.EndOfMessage()) or b"")
+
+
+def keep_alive(request: h11.Request) -> bool:
+    """Whether the connection stays open after answering ``request`` (h11's rule: HTTP/1.1 and
+    no ``close`` in ``Connection``)."""
+    if request.http_version < b"1.1":
+        return False
+    return not any(name == b"connection" and b"close" in value.lower() for name, value in request.headers)
+
+
+def fast_response(answer: Response, keep: bool) -> bytes:
+    """``answer`` as bytes, as :func:`http_response` frames it for a GET without a body, without
+    an h11 state machine (a long-poll answer's cost is mostly this otherwise)."""
+    lines = [b"HTTP/1.1 %d \r\n" % answer.status_code]
+    lines += [name + b": " + value + b"\r\n" for name, value in answer.raw_headers]
+    lines.append(b"date: " + format_date_time(time.time()).encode() + b"\r\n")
+    if not keep:
+        lines.append(b"Connection: close\r\n")  # as h11 writes it
+    lines.append(b"\r\n")
+    lines.append(answer.body)
+    return b"".join(lines)
+
+
+async def receive_some(sock: socket.socket, max_bytes: int = 65536) -> bytes:
+    """The next bytes the client sends; b"" once its stream has ended (or broken)."""
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return sock.recv(max_bytes)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return b""
+
+
+async def send_all(sock: socket.socket, data: bytes) -> bool:
+    """Write ``data``, waiting while the socket is full; False if the connection broke or took
+    nothing for ``SEND_TIMEOUT_S``."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            with trio.move_on_after(SEND_TIMEOUT_S) as timer:
+                await trio.lowlevel.wait_writable(sock)
+            if timer.cancelled_caught:
+                return False
+        except OSError:
+            return False
+    return True

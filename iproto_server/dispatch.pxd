@@ -1,0 +1,42 @@
+# C declarations of dispatch.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+
+from iproto_server.codec cimport BadRequest, Request, RequestDecoder, write_response, write_tuples_response
+from iproto_server.session cimport Session
+from spaces.procedures cimport ProcedureEntry, Procedures
+from spaces.space cimport Space
+
+
+cdef class _WriteReply:
+    cdef object dispatcher
+    cdef unsigned long long sync
+    cdef object reply
+    cdef bint returns_tuple
+
+
+cdef class Dispatcher:
+    cdef public object catalog
+    cdef public object stats
+    cdef public object access
+    cdef public Procedures procedures
+    cdef public object eval_handler
+    cdef list _by_type
+    cdef dict _spaces
+
+    cpdef object handle(self, Session session, Request request, bytearray out, object reply)
+    cpdef tuple handle_all(self, Session session, RequestDecoder decoder, bytearray out, object reply, Py_ssize_t room)
+    cdef void _reply_later(self, unsigned long long sync, object later, object reply)
+    cdef void _submit(self, object write, unsigned long long sync, object reply, bint returns_tuple)
+    cdef object _space_of(self, dict body)
+    cdef object _index_id(self, object space, dict body)
+    cdef object _writable(self, Session session, Request request)
+    cdef bytes _auth(self, Session session, Request request)
+    cdef object _select(self, Session session, Request request)
+    cdef bytes _select_checked(self, Session session, dict body)
+    cdef void _put(self, Session session, Request request, str mode, unsigned long long sync, object reply)
+    cdef list _ops(self, Space space, dict body, int key)
+    cdef void _update(self, Session session, Request request, unsigned long long sync, object reply)
+    cdef void _delete(self, Session session, Request request, unsigned long long sync, object reply)
+    cdef void _upsert(self, Session session, Request request, unsigned long long sync, object reply)
+    cdef object _procedure_call(self, Session session, Request request, bint call16,
+                                unsigned long long sync, object reply)
+    cdef object _eval(self, Session session, Request request)

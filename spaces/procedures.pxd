@@ -1,0 +1,16 @@
+# C declarations of procedures.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+
+cdef class ProcedureEntry:
+    cdef public str name
+    cdef public object fn
+    cdef public bint is_async
+    cdef public bint writes
+    cdef public object id
+
+
+cdef class Procedures:
+    cdef dict _entries
+    cdef list _resolvers
+    cdef dict _function_ids
+
+    cpdef ProcedureEntry resolve(self, str name)

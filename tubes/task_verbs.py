@@ -1,0 +1,161 @@
+"""What box.queue's verbs do to one task (ack, touch, done, bury, dig, kick, release, requeue,
+delete, truncate, with the 1.5 owner checks and counters), and deleting tasks by id or the free
+ones at the head (Deckard's Remove, Zaqar's delete and pop)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import tubes.transitions as tr
+from spaces.later import Later
+from spaces.space import decode_tuple
+from tubes.engine_base import (
+    EngineBase,
+    now_us,
+    pack_tail,
+    proc_error,
+)
+from tubes.task import (
+    BURIED,
+    DELAYED,
+    DONE,
+    QUEUE15,
+    READY,
+    Task,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TaskVerbs(EngineBase):
+    def ack(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
+        tube, task = self.owned(space_id, task_id, consumer, "ack")
+        return self._delete(self.queue_space(space_id), tube, task, ("ack",))
+
+    def touch(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
+        tube, task = self.owned(space_id, task_id, consumer, "touch")
+        event = min(now_us() + task.ttr, task.expires)
+
+        def touched(t: Task) -> None:
+            t.event = event
+
+        return self._change(self.queue_space(space_id), tube, task, touched, counter="touch")
+
+    def done(self, space_id: int, task_id: Any, consumer: int, data: list[Any]) -> Later[bytes]:
+        tube, task = self.owned(space_id, task_id, consumer, "done")
+        queue_space = self.queue_space(space_id)
+        tail = None
+        if queue_space.layout is QUEUE15:
+            tail = pack_tail(len(data), data)
+        else:  # the attachments stay
+            raw = self.stored(queue_space, task)
+            attachments = decode_tuple(raw)[13] if raw is not None else {}
+            tail = self.tail(queue_space, data, attachments)
+
+        def finished(t: Task) -> None:
+            t.status, t.event = DONE, t.expires
+
+        return self._change(queue_space, tube, task, finished, counter="done", tail=tail)
+
+    def bury(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
+        tube, task = self.owned(space_id, task_id, consumer, "done")  # sic: 1.5's text (D8)
+
+        def buried(t: Task) -> None:
+            t.status, t.event, t.cbury = BURIED, t.expires, t.cbury + 1
+
+        return self._change(self.queue_space(space_id), tube, task, buried, counter="bury")
+
+    def dig(self, space_id: int, task_id: Any) -> Later[bytes]:
+        tube, task = self.find(space_id, task_id)
+        if task.status != BURIED:
+            raise proc_error("Task is not buried")
+        return self._change(self.queue_space(space_id), tube, task, tr.unburied, counter="dig",
+                            after=tube.wake_one_consumer)  # D7
+
+    async def kick(self, space_id: int, tube_name: str, count: int) -> int:
+        """Up to ``count`` buried tasks, in take order, become ready (D5)."""
+        queue_space = self.queue_space(space_id)
+        tube = self._tube(queue_space, tube_name)
+        if count <= 0:
+            return 0
+        chosen = tube.buried_in_order()[:count]
+        pending = [
+            self._change(queue_space, tube, task, tr.unburied, counter="dig", after=tube.wake_one_consumer)  # D7
+            for task in chosen
+        ]
+        kicked = 0
+        for later in pending:
+            await later
+            kicked += 1
+        return kicked
+
+    def release(self, space_id: int, task_id: Any, consumer: int, delay: int, ttl_s: float | None) -> Later[bytes]:
+        """Back to ready (or delayed); a given ttl restarts the task's life from now (+delay)."""
+        tube, task = self.owned(space_id, task_id, consumer, "release")
+        now = now_us()
+        ttl = task.ttl
+        if ttl_s is not None and ttl_s > 0:
+            ttl = int(ttl_s * 1_000_000) + (now - task.created) + max(delay, 0)
+
+        def released(t: Task) -> None:
+            t.ttl, t.cid = ttl, 0
+            if delay > 0:
+                t.status, t.event = DELAYED, min(now + delay, t.expires)
+            else:
+                t.status, t.event = READY, t.expires
+
+        after = tube.wake_one_consumer if delay <= 0 else None
+        return self._change(self.queue_space(space_id), tube, task, released, counter="release", after=after)
+
+    def requeue(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
+        """Back to ready behind every ready task of the tube, whatever their priority (D13)."""
+        tube, task = self.owned(space_id, task_id, consumer, "release")  # sic: 1.5's text (D8)
+        last = tube.last_ready()
+        ipri, pri = tube.kind.requeue_order(None if last is None else int(last.ipri), task.ipri, task.pri)
+
+        def requeued(t: Task) -> None:
+            t.status, t.event, t.cid, t.ipri, t.pri = READY, t.expires, 0, ipri, pri
+
+        return self._change(self.queue_space(space_id), tube, task, requeued, counter="requeue",
+                            after=tube.wake_one_consumer)
+
+    def delete(self, space_id: int, task_id: Any) -> Later[bytes]:
+        tube, task = self.find(space_id, task_id)
+        return self._delete(self.queue_space(space_id), tube, task, ("delete",))
+
+    async def truncate(self, space_id: int, tube_name: str) -> int:
+        """Every task of the tube is deleted; the tube itself (its record, its claims) stays."""
+        queue_space = self.queue_space(space_id)
+        tube = self.tubes.get((space_id, tube_name))
+        if tube is None or not tube.tasks:
+            return 0
+        doomed = list(tube.tasks.values())
+        await self._batch(queue_space, tube, deletes=doomed)
+        return len(doomed)
+
+    def remove(self, space_id: int, tube_name: str, ids: Iterable[str], *, only_free: bool = False) -> Later[list[Task]]:
+        """Delete the tasks with these ids (that exist; with ``only_free``, that are ready)."""
+        queue_space = self.queue_space(space_id)
+        tube = self.tubes.get((space_id, tube_name))
+        if tube is None:
+            return Later.done([])
+        found = [t for i in dict.fromkeys(ids) if (t := tube.tasks.get(i)) is not None]
+        if only_free:
+            found = [t for t in found if t.status == READY]
+        if not found:
+            return Later.done([])
+        return self._batch(queue_space, tube, deletes=found).map(lambda _raws: found)
+
+    def pop(self, space_id: int, tube_name: str, limit: int) -> Later[list[tuple[Task, bytes]]]:
+        """Take and delete up to ``limit`` free tasks at once (Zaqar's pop)."""
+        queue_space = self.queue_space(space_id)
+        tube = self.tubes.get((space_id, tube_name))
+        chosen = [] if tube is None else self.free_tasks(tube, limit)
+        if not chosen:
+            return Later.done([])
+        assert tube is not None
+        return self._batch(queue_space, tube, deletes=chosen).map(
+            lambda raws: list(zip(chosen, raws, strict=True)))
+
