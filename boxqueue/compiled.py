@@ -37,6 +37,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.procedures",
     "spaces.space_procedures",
     "storage.keys",
+    "lua_box.values",
+    "lua_box.engine",
 )
 
 ROOT = Path(__file__).resolve().parent.parent
