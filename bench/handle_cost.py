@@ -36,6 +36,7 @@ def workload(count: int, what: str) -> None:
     from iproto_server import codec
     from iproto_server.builtins import register_builtins
     from iproto_server.dispatch import PENDING, Dispatcher
+    from iproto_server.outbox import Outbox
     from iproto_server.session import Session
     from lua_box.engine import LuaEngine, LuaLimits
     from spaces.catalog import Catalog
@@ -88,24 +89,21 @@ def workload(count: int, what: str) -> None:
             if not isinstance(defined, list):  # went on elsewhere (or an engine whose EVAL always waits)
                 await defined
             decoder = codec.RequestDecoder()
-            answers: list[bytes] = []
-            out = bytearray()
+            outbox = Outbox(1 << 30)
             for _ in range(count):
                 decoder.feed(frame)
-                answer = dispatcher.handle(session, decoder.next_event(), out, answers.append)
-                if answer is not None and answer is not PENDING:  # a request that waits
+                answer = dispatcher.handle(session, decoder.next_event(), outbox)
+                if answer is not None and answer is not PENDING:  # a request that waits: its coroutine
                     await answer
-                del out[:]
+                outbox.take()
             # One more, checked (in both runs, so it does not count): the successful path is
             # what is measured, never an error.
             decoder.feed(frame)
-            answer = dispatcher.handle(session, decoder.next_event(), out, answers.append)
+            answer = dispatcher.handle(session, decoder.next_event(), outbox)
             if answer is not None and answer is not PENDING:
-                answers.append(await answer)
-            elif answer is None:
-                answers.append(bytes(out))
+                outbox.out += await answer
             await trio.sleep(0.01)  # let queued writes commit
-            _check_answer(answers[-1])
+            _check_answer(bytes(outbox.take()))
             nursery.cancel_scope.cancel()
         storage.close()
 
@@ -150,6 +148,7 @@ def queue_workload(count: int) -> None:
     async def main() -> None:
         from iproto_server import codec
         from iproto_server.dispatch import PENDING
+        from iproto_server.outbox import Outbox
         from iproto_server.session import Session
 
         server = Server(load_config(config_path), handle_signals=False)
@@ -158,34 +157,23 @@ def queue_workload(count: int) -> None:
             dispatcher = server.dispatcher
             session = Session(1, server.catalog.access.guest)
             decoder = codec.RequestDecoder()
-            answers: list[bytes] = []
-            arrived = trio.Event()
-            expected = 0
-
-            def reply(answer: bytes) -> None:
-                answers.append(answer)
-                if len(answers) == expected:
-                    arrived.set()
+            outbox = Outbox(1 << 30)
 
             async def finish(coro: Any) -> None:
-                reply(await coro)
+                outbox.reply_later(await coro)
 
             async def round_of(frames: list[bytes]) -> list[bytes]:
-                nonlocal arrived, expected
-                answers.clear()
-                arrived = trio.Event()
-                expected = len(frames)
-                out = bytearray()
                 for data in frames:
                     decoder.feed(data)
-                    result = dispatcher.handle(session, decoder.next_event(), out, reply)
-                    if result is None:
-                        reply(bytes(out))
-                        del out[:]
-                    elif result is not PENDING:
-                        nursery.start_soon(finish, result)
-                await arrived.wait()
-                return list(answers)
+                    result = dispatcher.handle(session, decoder.next_event(), outbox)
+                    if result is not None:
+                        outbox.inflight += 1
+                        if result is not PENDING:
+                            nursery.start_soon(finish, result)
+                while outbox.inflight:
+                    outbox.reader_waiting = trio.Event()
+                    await outbox.reader_waiting.wait()
+                return _packets(outbox.take())
 
             data = "x" * 64
             for first in range(0, count, QUEUE_ROUND):
@@ -212,6 +200,16 @@ def _check_answer(answer: bytes) -> None:
     header = unpacker.unpack()
     if header[0] != 0:
         raise RuntimeError(f"the request failed: {unpacker.unpack()}")
+
+
+def _packets(data: bytes | bytearray) -> list[bytes]:
+    """Whole response packets (0xCE length prefix) from a buffer of them."""
+    out, pos = [], 0
+    while pos < len(data):
+        end = pos + 5 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+        out.append(bytes(data[pos:end]))
+        pos = end
+    return out
 
 
 def _task_id(answer: bytes) -> str:

@@ -1,5 +1,6 @@
 # C declarations of space.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
+cimport storage.keys as keys
 cdef class Index:
     cdef public object defn
     cdef public object space
