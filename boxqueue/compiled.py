@@ -49,6 +49,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "tubes.kinds",
     "tubes.tube_records",
     "tubes.numbers",
+    "lua_box.values",
+    "lua_box.engine",
 )
 
 ROOT = Path(__file__).resolve().parent.parent

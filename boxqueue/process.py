@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -165,8 +166,8 @@ class Server:
                 stats=stats,
             )
 
-            async def eval_handler(session: Session, expr: str, args: list) -> list:
-                return await lua.eval(session.context, expr, args)
+            def eval_handler(session: Session, expr: str, args: list) -> Any:
+                return lua.eval(session.context, expr, args)
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
             console = ConsoleServer(
