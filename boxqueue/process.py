@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import trio
 
 from boxqueue.config import Address, Config, SpaceConfig
+from boxqueue.tls import server_context
 from errcodes import BoxError
 from facades.sonya import serve_sonya
 from facades.zaqar import serve_zaqar
@@ -33,7 +34,7 @@ from spaces.procedures import Procedures
 from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
-from tubes import box_queue
+from tubes import box_queue, pools, sequences
 from tubes.broadcast import Broadcast
 from tubes.engine import QueueEngine, QueueSpace
 from tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
@@ -169,9 +170,11 @@ class Server:
                 return await lua.eval(session.context, expr, args)
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
+            iproto_tls = server_context(config.iproto.tls) if config.iproto.tls is not None else None
             console = ConsoleServer(
                 catalog, lua.console, require_login=bool(config.users),
                 max_statement_bytes=config.iproto.max_packet_bytes,
+                ssl_context=iproto_tls, max_connections=config.iproto.max_connections,
             )
             self.procedures = procedures
             self.dispatcher = dispatcher
@@ -180,9 +183,14 @@ class Server:
                 dispatcher,
                 max_packet=config.iproto.max_packet_bytes,
                 max_inflight=config.iproto.max_inflight_per_connection,
+                ssl_context=iproto_tls,
+                max_connections=config.iproto.max_connections,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
             box_queue.register(procedures, engine)
+            # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
+            for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
+                catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
             # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
