@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import trio
 
-from boxqueue.config import Address, Config, SpaceConfig
-from boxqueue.tls import server_context
+from boxqueue.config import Address, Config, SpaceConfig, TlsConfig
+from boxqueue.tls import pem_files, server_context
 from errcodes import BoxError
+from facades.asgi_serving import Listening
 from facades.sonya import serve_sonya
-from facades.zaqar import serve_zaqar
+from facades.zaqar import TokenAuth, serve_zaqar
 from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
 from iproto_server.builtins import register_builtins
@@ -118,6 +119,12 @@ def cfg_view(config: Config) -> dict[str, object]:
         "lua_memory_limit_bytes": config.lua.memory_limit_bytes,
     }
     return {k: v for k, v in view.items() if v is not None}
+
+
+def http_listening(tls: TlsConfig | None, max_connections: int | None) -> Listening:
+    """How an HTTP listener (Zaqar, Sonya, metrics) accepts: TLS and its connection limit."""
+    context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
+    return Listening(ssl_context=context, max_connections=max_connections)
 
 
 class Server:
@@ -290,6 +297,8 @@ class Server:
                     stopping,
                     limits=Limits.configured(dict(zaqar.limits)),
                     default_project=zaqar.default_project,
+                    auth=TokenAuth((t.token, t.project) for t in zaqar.tokens) if zaqar.auth == "token" else None,
+                    listening=http_listening(zaqar.tls, zaqar.max_connections),
                     task_status=task_status,
                 )
             )
@@ -305,6 +314,7 @@ class Server:
                     service_token=sonya.service_token,
                     jwt_ttl_s=sonya.jwt_ttl_s,
                     longpoll_max_wait_s=sonya.longpoll_max_wait_s,
+                    listening=http_listening(sonya.tls, sonya.max_connections),
                     task_status=task_status,
                 )
             )
@@ -347,5 +357,8 @@ class Server:
                 deckard.listen.port,
                 default_ttl_minutes=deckard.default_ttl_minutes,
                 allow_flush=deckard.allow_flush,
+                token=deckard.token,
+                tls=pem_files(deckard.tls) if deckard.tls is not None else None,
+                max_connections=deckard.max_connections,
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)

@@ -15,9 +15,12 @@ TLS 1.2 stays allowed: the ``tarantool`` connector pins its SSL transport to TLS
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from boxqueue.config import Config, ConfigError, TlsConfig
+
+if TYPE_CHECKING:  # grpcio loads only when Deckard is served
+    from facades.deckard.auth import PemFiles
 
 
 def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
@@ -46,17 +49,9 @@ def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLCont
     return context
 
 
-@dataclass(frozen=True)
-class PemFiles:
-    """What grpcio's server credentials take: the key, its chain, and the client CA (or None)."""
-
-    key: bytes
-    chain: bytes
-    client_ca: bytes | None
-    require_client_cert: bool
-
-
 def pem_files(tls: TlsConfig) -> PemFiles:
+    from facades.deckard.auth import PemFiles
+
     server_context(tls)  # the same checks (and errors) as the other listeners
     client_ca = tls.ca_file.read_bytes() if tls.ca_file is not None else None
     return PemFiles(
