@@ -77,7 +77,7 @@ _USER = frozenset({"name", "password", "grants"})
 _GRANT = frozenset({"privileges", "object_type", "object_name"})
 _SONYA = frozenset(
     {"listen", "max_key_updates", "service_token", "jwt_ttl_s", "longpoll_max_wait_s",
-     "task_events", "listener_buffer", "tls", "max_connections"}
+     "task_events", "listener_buffer", "tls", "max_connections", "header_timeout_s"}
 )
 
 
@@ -455,7 +455,7 @@ class TomlReader:
             return None
         path: Key = ("zaqar",)
         t = self.table(root["zaqar"], path, {"listen", "default_project", "space", "auth", "tokens", "tls",
-                                             "max_connections", *ZAQAR_LIMITS})
+                                             "max_connections", "header_timeout_s", *ZAQAR_LIMITS})
         project = self.string(t, path, "default_project", None)
         if project == "" or (project is not None and len(project) > 256):
             raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
@@ -486,6 +486,7 @@ class TomlReader:
             tokens=tuple(tokens),
             tls=self.tls(t, path),
             max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
         )
 
     def sonya(self, root: dict[str, Any]) -> SonyaConfig | None:
@@ -506,6 +507,7 @@ class TomlReader:
             listener_buffer=self.integer(t, path, "listener_buffer", 1024, minimum=1),
             tls=self.tls(t, path),
             max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
         )
 
     # -- typed getters -----------------------------------------------------------------------

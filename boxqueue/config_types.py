@@ -148,6 +148,7 @@ class ZaqarConfig:
     tokens: tuple[ZaqarToken, ...] = ()  # with auth = "token": X-Auth-Token values and their projects
     tls: TlsConfig | None = None
     max_connections: int | None = None
+    header_timeout_s: float = 20.0  # accept to the end of the first request's head
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class SonyaConfig:
     listener_buffer: int = 1024  # messages a listener may fall behind before it is closed (1008)
     tls: TlsConfig | None = None
     max_connections: int | None = None
+    header_timeout_s: float = 20.0  # accept to the end of the first request's head
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from boxqueue.config import Address, Config, SpaceConfig, TlsConfig
+from boxqueue.config import Address, Config, SonyaConfig, SpaceConfig, ZaqarConfig
 from boxqueue.tls import pem_files, server_context
 from errcodes import BoxError
 from facades.asgi_serving import Listening
@@ -121,10 +121,13 @@ def cfg_view(config: Config) -> dict[str, object]:
     return {k: v for k, v in view.items() if v is not None}
 
 
-def http_listening(tls: TlsConfig | None, max_connections: int | None) -> Listening:
-    """How an HTTP listener (Zaqar, Sonya, metrics) accepts: TLS and its connection limit."""
+def http_listening(section: ZaqarConfig | SonyaConfig) -> Listening:
+    """How an HTTP listener accepts: TLS, its connection limit, the head timeout (the metrics
+    listener's section has the same three keys)."""
+    tls = section.tls
     context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
-    return Listening(ssl_context=context, max_connections=max_connections)
+    return Listening(ssl_context=context, max_connections=section.max_connections,
+                     header_timeout_s=section.header_timeout_s)
 
 
 class Server:
@@ -194,7 +197,7 @@ class Server:
                 max_connections=config.iproto.max_connections,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
-            box_queue.register(procedures, engine)
+            box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
                 catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
@@ -298,7 +301,7 @@ class Server:
                     limits=Limits.configured(dict(zaqar.limits)),
                     default_project=zaqar.default_project,
                     auth=TokenAuth((t.token, t.project) for t in zaqar.tokens) if zaqar.auth == "token" else None,
-                    listening=http_listening(zaqar.tls, zaqar.max_connections),
+                    listening=http_listening(zaqar),
                     task_status=task_status,
                 )
             )
@@ -314,7 +317,7 @@ class Server:
                     service_token=sonya.service_token,
                     jwt_ttl_s=sonya.jwt_ttl_s,
                     longpoll_max_wait_s=sonya.longpoll_max_wait_s,
-                    listening=http_listening(sonya.tls, sonya.max_connections),
+                    listening=http_listening(sonya),
                     task_status=task_status,
                 )
             )
