@@ -64,6 +64,10 @@ test: install
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-pure
 
+# The fuzz tests with 20 times the examples `make test` runs (about half an hour on 2 cores).
+fuzz: install
+	BOXQUEUE_FUZZ=long $(BIN)/python -m pytest -q tests/fuzz
+
 # The same sources uncompiled: they must still import and pass the unit tests.
 test-pure: install
 	BOXQUEUE_PURE=1 $(BIN)/python -m pytest -q tests/unit

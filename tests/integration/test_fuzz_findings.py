@@ -1,0 +1,42 @@
+"""Regression tests for what the fuzz tests (tests/fuzz/) found, each with the real client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.deckard_fixtures import Deckard, pb, queue_name
+from tests.serverproc import ServerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def deckard(tmp_path_factory):
+    port = free_port()
+    proc = ServerProcess(tmp_path_factory.mktemp("findings"), extra_config=f'[deckard]\nlisten = "127.0.0.1:{port}"\n')
+    proc.start()
+    client = Deckard(port)
+    yield client
+    client.close()
+    assert proc.stop() == 0
+    assert "Traceback" not in proc.log()
+
+
+@pytest.mark.parametrize("deadline", [-5000, -(2**63), 2**62, 2**63 - 1])
+def test_pull_with_any_ack_deadline(deckard, deadline):
+    """A negative ack deadline (Deckard accepts it: the message times out on the next sweep) or a
+    huge one made the stored ttr leave its unsigned 64-bit field: the Pull failed with INTERNAL."""
+    queue = queue_name()
+    deckard.stub.Add(pb.AddRequest(messages=[pb.AddMessage(id="m", queue=queue, string_payload="p")]))
+    pulled = deckard.stub.Pull(pb.PullRequest(queue=queue, amount=1, ack_deadline_ms=deadline))
+    assert [m.id for m in pulled.messages] == ["m"]
+    if deadline < 0:  # already past: back in the queue at once
+        until = time.monotonic() + 10
+        while time.monotonic() < until:
+            again = deckard.stub.Pull(pb.PullRequest(queue=queue, amount=1))
+            if again.messages:
+                break
+            time.sleep(0.1)
+        assert [m.id for m in again.messages] == ["m"]
+    else:
+        assert not deckard.stub.Pull(pb.PullRequest(queue=queue, amount=1)).messages
