@@ -73,6 +73,8 @@ class IprotoServer:
         self._no_connections = trio.Event()
         try:
             await conn.serve(self.grace)
+        except Exception:  # a fault of one connection closes it, never the server
+            log.exception("iproto connection %s failed; closed", peer_text)
         finally:
             self.connections.discard(conn)
             if not self.connections:

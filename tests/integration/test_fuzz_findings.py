@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
+import msgpack
 import pytest
+import tarantool
 
 from tests.integration.deckard_fixtures import Deckard, pb, queue_name
+from tests.integration.security_fixtures import read_exactly
 from tests.serverproc import ServerProcess, free_port
 
 
@@ -40,3 +44,30 @@ def test_pull_with_any_ack_deadline(deckard, deadline):
         assert [m.id for m in again.messages] == ["m"]
     else:
         assert not deckard.stub.Pull(pb.PullRequest(queue=queue, amount=1)).messages
+
+
+def test_invalid_utf8_in_a_header_string_does_not_stop_the_server(tmp_path):
+    """A header string that is not UTF-8 (key 0x22, typed str in Tarantool's header check) raised
+    UnicodeDecodeError out of the decoder, which ended the whole process."""
+    proc = ServerProcess(tmp_path)
+    proc.start()
+    try:
+        header = b"\x83\x00\x40\x01\x07\x22\xa2\xce\x41"  # {type: PING, sync: 7, 0x22: b"\xceA" as str}
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=15) as s:
+            read_exactly(s, 128)
+            s.sendall(msgpack.packb(len(header)) + header)
+            s.settimeout(15)
+            answer = msgpack.Unpacker(strict_map_key=False)
+            while True:
+                answer.feed(s.recv(4096))
+                items = list(answer)
+                if len(items) >= 3:
+                    break
+        _length, head, _body = items[:3]
+        assert head[0x01] == 7  # answered (Tarantool does not check strings for UTF-8 either)
+        c = tarantool.Connection("127.0.0.1", proc.port)
+        assert c.ping() >= 0
+        c.close()
+    finally:
+        assert proc.stop() == 0
+        assert "Traceback" not in proc.log()
