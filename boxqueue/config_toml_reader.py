@@ -183,7 +183,7 @@ class TomlReader:
             tls=self.tls(t, path),
             max_connections=self.integer(t, path, "max_connections", None, minimum=1),
             max_waiting_takes_per_connection=self.integer(
-                t, path, "max_waiting_takes_per_connection", 256, minimum=1
+                t, path, "max_waiting_takes_per_connection", 512, minimum=1
             ),
         )
 

@@ -118,7 +118,7 @@ class IprotoConfig:
     max_inflight_per_connection: int = 768
     tls: TlsConfig | None = None  # every iproto listener: binary, read-only and admin console
     max_connections: int | None = None  # per listener; None: no limit
-    max_waiting_takes_per_connection: int = 256  # blocking takes (calls that wait) at once
+    max_waiting_takes_per_connection: int = 512  # blocking takes (calls that wait) at once
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def _stored_pri(pri: int | float) -> int:
 
 # A take that has to wait holds a task of its connection; a session may have this many at once
 # (``[iproto] max_waiting_takes_per_connection``), more are refused with ER_PROC_LUA.
-MAX_WAITING_TAKES = 256
+MAX_WAITING_TAKES = 512
 
 
 class BoxQueue:

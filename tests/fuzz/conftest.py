@@ -141,8 +141,10 @@ class Target:
         assert found.found and found.message.string_payload == "kept"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def target(tmp_path_factory):
+    """One server for the fuzz package; stopped (and its gRPC channel closed) when the package is
+    done: a live grpcio channel in the test process breaks later forks (Spark's gateway)."""
     t = Target(tmp_path_factory.mktemp("fuzz"))
     t.start()
     yield t
