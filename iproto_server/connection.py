@@ -23,7 +23,7 @@ from iproto_server import codec
 from iproto_server.dispatch import Dispatcher
 from iproto_server.outbox import Outbox
 from iproto_server.session import Session
-from iproto_server.socket_io import DirectSocket
+from iproto_server.socket_io import DirectSocket, StreamIO
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +33,19 @@ RECEIVE_SIZE = 64 * 1024  # under malloc's mmap threshold: a bigger buffer costs
 class Connection:
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         dispatcher: Dispatcher,
         session: Session,
         greeting: bytes,
         max_packet: int,
         max_inflight: int,
+        io: StreamIO | None = None,
     ) -> None:
         self.stream = stream
         self.dispatcher = dispatcher
         self.session = session
         self.greeting = greeting
-        self.io = DirectSocket(stream)
+        self.io = io if io is not None else DirectSocket(stream)  # StreamIO: a TLS stream
         self.decoder = codec.RequestDecoder(max_packet)
         self.outbox = Outbox(max_inflight)
         self._reading = trio.CancelScope()

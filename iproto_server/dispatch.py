@@ -39,6 +39,7 @@ from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import Raw
+from spaces.ownership import write_refused
 from spaces.procedures import ProcedureEntry, Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
@@ -411,6 +412,8 @@ class Dispatcher:
         if session.read_only:
             raise BoxError(ER.READONLY)
         user = session.user
+        if cython.cast(Space, space).owned_by is not None:  # the engine's: spaces.ownership
+            raise write_refused(space, user.name)
         if user.universe & _WRITE == 0:
             self.access.check(user, acl.WRITE, acl.SPACE, space.name)
         return space

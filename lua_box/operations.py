@@ -21,6 +21,7 @@ from spaces import access as acl
 from spaces import fieldtypes
 from spaces.catalog import Catalog
 from spaces.definitions import parse_format
+from spaces.ownership import check_schema_change
 from spaces.procedures import CallContext, Procedures
 from spaces.space import Space
 
@@ -227,12 +228,15 @@ class Operations:
         )
         return [space_info(space)]
 
-    def _space(self, space_id: Any) -> Space:
-        return self.catalog.space(space_id)
+    def _space(self, job: Job, space_id: Any) -> Space:
+        """The space a DDL statement changes: not one whose definition the engine keeps."""
+        space = self.catalog.space(space_id)
+        check_schema_change(space, job.ctx.user.name)
+        return space
 
     async def create_index(self, job: Job, space_id: Any, name: Any = None, opts: Any = None) -> list[Any]:
         self._ddl(job)
-        space = self._space(space_id)
+        space = self._space(job, space_id)
         o = _opts(opts)
         idef, _created = await self.catalog.create_index(
             space,
@@ -248,19 +252,19 @@ class Operations:
 
     async def drop_index(self, job: Job, space_id: Any, iid: Any) -> list[Any]:
         self._ddl(job)
-        await self.catalog.drop_index(self._space(space_id), iid)
+        await self.catalog.drop_index(self._space(job, space_id), iid)
         return []
 
     async def drop_space(self, job: Job, space_id: Any) -> list[Any]:
         self._ddl(job)
-        await self.catalog.drop_space(self._space(space_id))
+        await self.catalog.drop_space(self._space(job, space_id))
         return []
 
     async def alter_space(self, job: Job, space_id: Any, changes: Any = None) -> list[Any]:
         self._ddl(job)
         c = _opts(changes)
         fmt = parse_format(c["format"]) if "format" in c else None
-        await self.catalog.alter_space(self._space(space_id), name=c.get("name"), format=fmt)
+        await self.catalog.alter_space(self._space(job, space_id), name=c.get("name"), format=fmt)
         return []
 
     # -- users -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ cdef class Space:
     cdef public dict field_names
     cdef public Index primary
     cdef public list secondaries
+    cdef public object owned_by
     cdef list _checks
 
     cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)

@@ -219,6 +219,7 @@ class Space:
         self.indexes = {}
         self.index_by_name = {}
         self.dropped = False
+        self.owned_by = None  # a spaces.ownership.Owner: its data changes only through the engine
         self.redefine(defn, index_defs, txn)
 
     def index(self, iid: int) -> Index:

@@ -16,6 +16,7 @@ from spaces import access as acl
 from spaces import iterators as it
 from spaces.catalog import Catalog
 from spaces.msgpack_values import Raw
+from spaces.ownership import check_writable
 from spaces.procedures import CallContext, ProcedureEntry, make_entry
 from spaces.space import Space
 from spaces.sysviews import SystemView
@@ -64,6 +65,8 @@ def space_method_resolver(catalog: Catalog):
                 catalog.access.check(ctx.user, privilege, acl.SPACE, space.name)
             if method in _WRITES and ctx.read_only:
                 raise BoxError(ER.READONLY)
+            if method in _WRITES:
+                check_writable(space, ctx.user.name)
             iid = 0
             if index_ref is not None:
                 iid = int(index_ref) if index_ref.isdigit() else space.index_named(index_ref).iid
