@@ -4,12 +4,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 NODE_STAMP := $(VENV)/node/.installed
+ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc run test test-pure lint bench clean
+.PHONY: install build check-cc run test test-pure fuzz lint bench clean
 
-install: check-cc $(STAMP) $(NODE_STAMP) $(DECKARD_STAMP) build
+install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) build
 
 # The request path is compiled with Cython (boxqueue/compiled.py lists the modules): a C compiler
 # is a requirement of the supported machine.
@@ -49,12 +50,23 @@ $(NODE_STAMP): $(STAMP)
 		&& touch $(NODE_STAMP) || echo "npm install failed: the Node connector test will be skipped"; \
 	else echo "npm not found: the Node connector test will be skipped"; fi
 
+# python-zaqarclient 3.0.1 (the last with a v1.1 client), in a venv of its own (its OpenStack
+# dependencies stay out of the project's), for the Zaqar token-auth test over TLS.
+$(ZAQARCLIENT_STAMP): $(STAMP)
+	$(BIN)/python -m venv $(VENV)/zaqarclient
+	$(VENV)/zaqarclient/bin/python -m pip install -q python-zaqarclient==3.0.1
+	@touch $(ZAQARCLIENT_STAMP)
+
 run: install
 	$(BIN)/boxqueue serve --config conf/boxqueue.toml
 
 test: install
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-pure
+
+# The fuzz tests with 20 times the examples `make test` runs (about half an hour on 2 cores).
+fuzz: install
+	BOXQUEUE_FUZZ=long $(BIN)/python -m pytest -q tests/fuzz
 
 # The same sources uncompiled: they must still import and pass the unit tests.
 test-pure: install

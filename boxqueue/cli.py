@@ -9,6 +9,7 @@ import sys
 
 import trio
 
+from boxqueue import tls
 from boxqueue.config import ConfigError, load_config
 from boxqueue.process import Server
 from errcodes import BoxError
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config, args.data_dir)
+        tls.check_all(config)
     except ConfigError as exc:
         print(f"boxqueue: {exc}", file=sys.stderr)
         return 2

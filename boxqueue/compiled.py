@@ -25,6 +25,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "iproto_server.codec",
     "iproto_server.dispatch",
     "iproto_server.session",
+    "iproto_server.outbox",
     "iproto_server.request_stats",
     "iproto_server.builtins",
     "spaces.space",
@@ -38,6 +39,19 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.space_procedures",
     "storage.keys",
     "storage.redo",
+    "tubes.box_queue",
+    "tubes.engine_base",
+    "tubes.producers",
+    "tubes.consumers",
+    "tubes.task_verbs",
+    "tubes.task",
+    "tubes.tube",
+    "tubes.transitions",
+    "tubes.kinds",
+    "tubes.tube_records",
+    "tubes.numbers",
+    "lua_box.values",
+    "lua_box.engine",
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,9 +48,11 @@ from boxqueue.config_types import (
     PartConfig,
     SonyaConfig,
     SpaceConfig,
+    TlsConfig,
     UserConfig,
     WalConfig,
     ZaqarConfig,
+    ZaqarToken,
     absolute_path,
     ordered_spaces,
 )
@@ -64,8 +66,9 @@ _TOP = frozenset(
 )
 _IPROTO = frozenset(
     {"listen", "read_only_listen", "admin_listen", "max_packet_bytes",
-     "max_inflight_per_connection"}
+     "max_inflight_per_connection", "tls", "max_connections", "max_waiting_takes_per_connection"}
 )
+_TLS = frozenset({"cert_file", "key_file", "ca_file", "ciphers"})
 _SPACE = frozenset({"id", "name", "engine", "format", "indexes", "temporary"})
 _FIELD = frozenset({"name", "type", "is_nullable"})
 _INDEX = frozenset({"name", "type", "unique", "parts"})
@@ -74,7 +77,7 @@ _USER = frozenset({"name", "password", "grants"})
 _GRANT = frozenset({"privileges", "object_type", "object_name"})
 _SONYA = frozenset(
     {"listen", "max_key_updates", "service_token", "jwt_ttl_s", "longpoll_max_wait_s",
-     "task_events", "listener_buffer"}
+     "task_events", "listener_buffer", "tls", "max_connections", "header_timeout_s"}
 )
 
 
@@ -97,6 +100,7 @@ class TomlReader:
     def __init__(self, file: str, text: str) -> None:
         self.file = file
         self.lines = TomlLines(text)
+        self.folder = Path(file).parent
 
     def fail(self, path: Key, message: str) -> ConfigError:
         return ConfigError(self.file, self.lines.line_of(path), message, key=dotted(path))
@@ -123,6 +127,9 @@ class TomlReader:
                 admin_listen=iproto.admin_listen or legacy.admin_listen,
                 max_packet_bytes=iproto.max_packet_bytes,
                 max_inflight_per_connection=iproto.max_inflight_per_connection,
+                tls=iproto.tls,
+                max_connections=iproto.max_connections,
+                max_waiting_takes_per_connection=iproto.max_waiting_takes_per_connection,
             )
         if iproto.listen is None:
             iproto = replace(iproto, listen=DEFAULT_LISTEN)
@@ -173,6 +180,46 @@ class TomlReader:
             max_inflight_per_connection=self.integer(
                 t, path, "max_inflight_per_connection", 768, minimum=1
             ),
+            tls=self.tls(t, path),
+            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            max_waiting_takes_per_connection=self.integer(
+                t, path, "max_waiting_takes_per_connection", 512, minimum=1
+            ),
+        )
+
+    def tls(self, t: dict[str, Any], path: Key, client_auth: bool = False) -> TlsConfig | None:
+        """``[<section>.tls]``: files relative to the config file, each checked to be readable."""
+        if "tls" not in t:
+            return None
+        tpath = path + ("tls",)
+        allowed = _TLS | {"client_auth"} if client_auth else _TLS
+        tt = self.table(t["tls"], tpath, allowed)
+
+        def file(key: str, required: bool) -> Path | None:
+            name = self.string(tt, tpath, key, _MISSING if required else None)
+            if name is None:
+                return None
+            if not name:
+                raise self.fail(tpath + (key,), f"{dotted(tpath + (key,))} is empty")
+            found = absolute_path(self.folder / name)
+            if not os.access(found, os.R_OK) or not found.is_file():
+                raise self.fail(tpath + (key,), f"{dotted(tpath + (key,))}: cannot read {found}")
+            return found
+
+        ca_file = file("ca_file", False)
+        mode = self.string(tt, tpath, "client_auth", "require")
+        if mode not in ("require", "optional"):
+            raise self.fail(tpath + ("client_auth",), f"bad {dotted(tpath + ('client_auth',))}: {show(mode)} "
+                            "(expected require or optional)")
+        if "client_auth" in tt and ca_file is None:
+            raise self.fail(tpath + ("client_auth",), f"{dotted(tpath + ('client_auth',))} needs ca_file")
+        ciphers = self.string(tt, tpath, "ciphers", None)
+        return TlsConfig(
+            cert_file=file("cert_file", True),  # type: ignore[arg-type]
+            key_file=file("key_file", True),  # type: ignore[arg-type]
+            ca_file=ca_file,
+            ciphers=ciphers or None,
+            client_auth=mode,
         )
 
     def lua(self, root: dict[str, Any]) -> LuaConfig:
@@ -380,13 +427,27 @@ class TomlReader:
         if "deckard" not in root:
             return None
         path: Key = ("deckard",)
-        t = self.table(root["deckard"], path, {"listen", "default_ttl_minutes", "allow_flush", "space"})
+        t = self.table(root["deckard"], path, {"listen", "default_ttl_minutes", "allow_flush", "space", "token",
+                                               "tls", "max_connections"})
         return DeckardConfig(
             listen=self.address(t, path, "listen", DEFAULT_DECKARD_LISTEN),
             default_ttl_minutes=self.integer(t, path, "default_ttl_minutes", 1440, minimum=1),
             allow_flush=self.boolean(t, path, "allow_flush", True),
             space=self.space_name(t, path, "deckard"),
+            token=self.secret(t, path, "token"),
+            tls=self.tls(t, path, client_auth=True),
+            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
         )
+
+    def secret(self, t: dict[str, Any], path: Key, key: str) -> str | None:
+        """A token: absent, or a non-empty string a header can carry (visible ASCII)."""
+        value = self.string(t, path, key, None)
+        if value is None:
+            return None
+        if not value or not all(0x21 <= ord(c) <= 0x7E for c in value):
+            raise self.fail(path + (key,), f"{dotted(path + (key,))} must be non-empty visible ASCII "
+                            "(it is sent in a header)")
+        return str(value)
 
     def space_name(self, t: dict[str, Any], path: Key, default: str) -> str:
         """The ``space`` of a facade: a space name (no control characters, at most 64)."""
@@ -399,7 +460,8 @@ class TomlReader:
         if "zaqar" not in root:
             return None
         path: Key = ("zaqar",)
-        t = self.table(root["zaqar"], path, {"listen", "default_project", "space", *ZAQAR_LIMITS})
+        t = self.table(root["zaqar"], path, {"listen", "default_project", "space", "auth", "tokens", "tls",
+                                             "max_connections", "header_timeout_s", *ZAQAR_LIMITS})
         project = self.string(t, path, "default_project", None)
         if project == "" or (project is not None and len(project) > 256):
             raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
@@ -408,11 +470,29 @@ class TomlReader:
             for key, minimum in ZAQAR_LIMITS.items()
             if key in t
         )
+        auth = self.string(t, path, "auth", "none")
+        if auth not in ("none", "token"):
+            raise self.fail(path + ("auth",), f"bad zaqar.auth: {show(auth)} (expected none or token)")
+        tokens: list[ZaqarToken] = []
+        for tpath, tt in self.tables(t, path, "tokens", frozenset({"token", "project"})):
+            token = self.secret(tt, tpath, "token")
+            if token is None:
+                raise self.fail(tpath, f"missing key 'token' in {dotted(tpath)}")
+            if any(known.token == token for known in tokens):
+                raise self.fail(tpath + ("token",), f"{dotted(tpath)}: the same token twice")
+            tokens.append(ZaqarToken(token, self.name(tt, tpath, "project")))
+        if auth == "token" and not tokens:
+            raise self.fail(path + ("auth",), 'zaqar.auth = "token" needs at least one entry in zaqar.tokens')
         return ZaqarConfig(
             listen=self.address(t, path, "listen", DEFAULT_ZAQAR_LISTEN),
             default_project=project,
             limits=limits,
             space=self.space_name(t, path, "zaqar"),
+            auth=auth,
+            tokens=tuple(tokens),
+            tls=self.tls(t, path),
+            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
         )
 
     def sonya(self, root: dict[str, Any]) -> SonyaConfig | None:
@@ -431,6 +511,9 @@ class TomlReader:
             longpoll_max_wait_s=self.number(t, path, "longpoll_max_wait_s", 30.0, minimum=0),
             task_events=tuple(self.strings(t, path, "task_events", ())),
             listener_buffer=self.integer(t, path, "listener_buffer", 1024, minimum=1),
+            tls=self.tls(t, path),
+            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
         )
 
     # -- typed getters -----------------------------------------------------------------------

@@ -91,12 +91,34 @@ class UserConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """A listener's TLS (``[<section>.tls]``): its certificate chain and key; with ``ca_file``,
+    clients must present a certificate signed by it (``client_auth = "optional"``, Deckard only:
+    checked when given, as Deckard's VerifyClientCertIfGiven)."""
+
+    cert_file: Path  # absolute
+    key_file: Path
+    ca_file: Path | None = None
+    ciphers: str | None = None  # OpenSSL cipher list
+    client_auth: str = "require"  # "require" | "optional" (with ca_file)
+
+
+@dataclass(frozen=True)
+class ZaqarToken:
+    token: str
+    project: str
+
+
+@dataclass(frozen=True)
 class IprotoConfig:
     listen: Address | None
     read_only_listen: Address | None
     admin_listen: Address | None
     max_packet_bytes: int = 16777216
     max_inflight_per_connection: int = 768
+    tls: TlsConfig | None = None  # every iproto listener: binary, read-only and admin console
+    max_connections: int | None = None  # per listener; None: no limit
+    max_waiting_takes_per_connection: int = 512  # blocking takes (calls that wait) at once
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,9 @@ class DeckardConfig:
     default_ttl_minutes: int = 1440
     allow_flush: bool = True
     space: str = "deckard"  # the queue space of Deckard's queues: queue X is tube X of it
+    token: str | None = None  # required as `authorization: Bearer <token>` when set
+    tls: TlsConfig | None = None
+    max_connections: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,11 @@ class ZaqarConfig:
     # Z3: Zaqar's limits under Zaqar's option names; absent ones keep Zaqar's defaults.
     limits: tuple[tuple[str, int], ...] = ()
     space: str = "zaqar"  # queues on no pool: queue Q of project P is tube "P/Q" of it
+    auth: str = "none"  # "none" | "token"
+    tokens: tuple[ZaqarToken, ...] = ()  # with auth = "token": X-Auth-Token values and their projects
+    tls: TlsConfig | None = None
+    max_connections: int | None = None
+    header_timeout_s: float = 20.0  # accept to the end of the first request's head
 
 
 @dataclass(frozen=True)
@@ -132,6 +162,9 @@ class SonyaConfig:
     longpoll_max_wait_s: float = 30  # 0: no server-side limit (Sonya's own behaviour)
     task_events: tuple[str, ...] = ()
     listener_buffer: int = 1024  # messages a listener may fall behind before it is closed (1008)
+    tls: TlsConfig | None = None
+    max_connections: int | None = None
+    header_timeout_s: float = 20.0  # accept to the end of the first request's head
 
 
 @dataclass(frozen=True)

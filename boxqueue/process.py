@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
-from boxqueue.config import Address, Config, SpaceConfig
+from boxqueue.config import Address, Config, SonyaConfig, SpaceConfig, ZaqarConfig
+from boxqueue.tls import pem_files, server_context
 from errcodes import BoxError
+from facades.asgi_serving import Listening
 from facades.sonya import serve_sonya
-from facades.zaqar import serve_zaqar
+from facades.zaqar import TokenAuth, serve_zaqar
 from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
 from iproto_server.builtins import register_builtins
@@ -33,7 +36,7 @@ from spaces.procedures import Procedures
 from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
-from tubes import box_queue
+from tubes import box_queue, pools, sequences
 from tubes.broadcast import Broadcast
 from tubes.engine import QueueEngine, QueueSpace
 from tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
@@ -119,6 +122,15 @@ def cfg_view(config: Config) -> dict[str, object]:
     return {k: v for k, v in view.items() if v is not None}
 
 
+def http_listening(section: ZaqarConfig | SonyaConfig) -> Listening:
+    """How an HTTP listener accepts: TLS, its connection limit, the head timeout (the metrics
+    listener's section has the same three keys)."""
+    tls = section.tls
+    context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
+    return Listening(ssl_context=context, max_connections=section.max_connections,
+                     header_timeout_s=section.header_timeout_s)
+
+
 class Server:
     """One boxqueue process; :meth:`run` serves until :meth:`stop` or a signal."""
 
@@ -171,13 +183,15 @@ class Server:
                 stats=stats,
             )
 
-            async def eval_handler(session: Session, expr: str, args: list) -> list:
-                return await lua.eval(session.context, expr, args)
+            def eval_handler(session: Session, expr: str, args: list) -> Any:
+                return lua.eval(session.context, expr, args)
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
+            iproto_tls = server_context(config.iproto.tls) if config.iproto.tls is not None else None
             console = ConsoleServer(
                 catalog, lua.console, require_login=bool(config.users),
                 max_statement_bytes=config.iproto.max_packet_bytes,
+                ssl_context=iproto_tls, max_connections=config.iproto.max_connections,
             )
             self.procedures = procedures
             self.dispatcher = dispatcher
@@ -186,9 +200,14 @@ class Server:
                 dispatcher,
                 max_packet=config.iproto.max_packet_bytes,
                 max_inflight=config.iproto.max_inflight_per_connection,
+                ssl_context=iproto_tls,
+                max_connections=config.iproto.max_connections,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
-            box_queue.register(procedures, engine)
+            box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
+            # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
+            for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
+                catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
             # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
@@ -288,6 +307,8 @@ class Server:
                     stopping,
                     limits=Limits.configured(dict(zaqar.limits)),
                     default_project=zaqar.default_project,
+                    auth=TokenAuth((t.token, t.project) for t in zaqar.tokens) if zaqar.auth == "token" else None,
+                    listening=http_listening(zaqar),
                     task_status=task_status,
                 )
             )
@@ -303,6 +324,7 @@ class Server:
                     service_token=sonya.service_token,
                     jwt_ttl_s=sonya.jwt_ttl_s,
                     longpoll_max_wait_s=sonya.longpoll_max_wait_s,
+                    listening=http_listening(sonya),
                     task_status=task_status,
                 )
             )
@@ -345,5 +367,8 @@ class Server:
                 deckard.listen.port,
                 default_ttl_minutes=deckard.default_ttl_minutes,
                 allow_flush=deckard.allow_flush,
+                token=deckard.token,
+                tls=pem_files(deckard.tls) if deckard.tls is not None else None,
+                max_connections=deckard.max_connections,
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)

@@ -15,19 +15,37 @@ own connection server (``hypercorn.trio.tcp_server.TCPServer``, as ``hypercorn.t
 it) with the bytes read so far replayed in front of the stream, so it sees exactly what the client
 sent. The Sonya facade takes over WebSocket listeners this way: a fan-out then writes each
 listener's frame straight to its socket instead of through ASGI, hypercorn and wsproto per frame.
+
+Every HTTP listener (Zaqar, Sonya, metrics) is served through this front door, so what protects a
+listener is done here once (:class:`Listening`):
+
+* **TLS** is terminated here (a :class:`trio.SSLStream` per connection, the handshake within the
+  head timeout); hypercorn then sees a TLS stream (``scheme`` is ``https``). A connection that
+  needs the raw socket (a takeover) cannot be handed one under TLS, so with TLS every connection
+  goes to hypercorn: Sonya's listeners are then served by its Starlette endpoints (the same
+  behaviour, without the fan-out's one-``send``-per-listener speed).
+* **max_connections**: one more connection than the limit gets ``503`` with ``Connection: close``
+  (plain HTTP; under TLS it is closed) without being read.
+* **Slow clients**: the TLS handshake and the first request's head must arrive within
+  ``header_timeout_s``; between requests hypercorn's keep-alive timeout applies (its idle timer
+  runs until a whole head has arrived, so a head sent a byte at a time is cut off there too).
+* **Requests given up on**: an answer sent before the request's body was read to its end (a body
+  too large, or refused before it was read) carries ``Connection: close``, so a keep-alive client
+  does not send its next request on a connection the server is about to close.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import h11
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
@@ -44,17 +62,36 @@ Handler = Callable[[socket.socket, h11.Request, bytes, bytes], Awaitable[bytes |
 Takeover = Callable[[h11.Request], Handler | None]
 
 HEAD_END = b"\r\n\r\n"
+REFUSAL_LOG_INTERVAL_S = 10.0
+_BUSY_BODY = b"Too many connections, try again later.\n"
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+
+
+@dataclass(frozen=True)
+class Listening:
+    """How an HTTP listener accepts: TLS, its connection limit, its timeouts."""
+
+    ssl_context: ssl.SSLContext | None = None
+    max_connections: int | None = None  # open connections at once; None: no limit
+    header_timeout_s: float = 20.0  # from accept to the end of the first request's head
+    keep_alive_timeout_s: float = 75.0  # idle between requests, up to the end of the next head
+
+
+PLAIN = Listening()  # no TLS, no connection limit, the default timeouts
 MAX_HEAD = 16384  # h11's own limit for an incomplete head; longer heads go to hypercorn
 READ_CHUNK = 65536
 
 
-def hypercorn_config(host: str, port: int, graceful_s: float) -> HypercornConfig:
+def hypercorn_config(host: str, port: int, graceful_s: float, keep_alive_s: float = 75.0) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = graceful_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
+    config.keep_alive_timeout = keep_alive_s
     config.backlog = 1024
     return config
 
@@ -68,32 +105,73 @@ async def serve_asgi(
     name: str = "HTTP",
     graceful_s: float = 5.0,
     takeover: Takeover | None = None,
+    listening: Listening = PLAIN,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port."""
-    config = hypercorn_config(host, port, graceful_s)
-    if takeover is not None:
-        await _FrontDoor(app, config, takeover).serve(shutdown, name, task_status)
-        return
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
-        )
-        bound = int(binds[0].rsplit(":", 1)[1])
-        log.info("%s listening on %s:%d", name, host, bound)
-        task_status.started(bound)
+    config = hypercorn_config(host, port, graceful_s, listening.keep_alive_timeout_s)
+    if listening.ssl_context is not None:
+        takeover = None  # a takeover handler needs the raw socket
+    await _FrontDoor(close_unread_requests(app), config, takeover, listening).serve(shutdown, name, task_status)
+
+
+def close_unread_requests(app: Any) -> Any:
+    """``app`` with ``Connection: close`` added to an HTTP answer that starts before the
+    request's body was received to its end: hypercorn cannot reuse that connection (h11 has not
+    seen the request end), and without the header a keep-alive client would send its next request
+    on it and get no answer."""
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _has_body(scope["headers"]):
+            await app(scope, receive, send)
+            return
+        received_all = False
+
+        async def tracking_receive() -> dict[str, Any]:
+            nonlocal received_all
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                received_all = True
+            return message
+
+        async def closing_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and not received_all:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await app(scope, tracking_receive, closing_send)
+
+    return wrapped
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for key, value in headers:
+        k = key.lower()
+        if k == b"content-length":
+            return value.strip() != b"0"
+        if k == b"transfer-encoding":
+            return True
+    return False
 
 
 class _FrontDoor:
-    """Accepts connections, hands listeners' to the facade and the rest to hypercorn."""
+    """Accepts connections (TLS, connection limit, head timeout), hands listeners' to the facade
+    and the rest to hypercorn."""
 
-    def __init__(self, app: Any, config: HypercornConfig, takeover: Takeover) -> None:
+    def __init__(self, app: Any, config: HypercornConfig, takeover: Takeover | None, listening: Listening) -> None:
         self.config = config
         self.takeover = takeover
+        self.listening = listening
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
+        self.open = 0
+        self.refused = 0
+        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
+        self.name = "HTTP"
 
     async def serve(self, shutdown: trio.Event, name: str, task_status: trio.TaskStatus[int]) -> None:
+        self.name = name
         sockets = self.config.create_sockets().insecure_sockets  # binds: OSError if busy
         for sock in sockets:
             sock.listen(self.config.backlog)
@@ -103,7 +181,8 @@ class _FrontDoor:
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(self._accept, listener, connections)
-                log.info("%s listening on %s:%d", name, sockets[0].getsockname()[0], bound)
+                tls = " (TLS)" if self.listening.ssl_context is not None else ""
+                log.info("%s listening on %s:%d%s", name, sockets[0].getsockname()[0], bound, tls)
                 task_status.started(bound)
                 await shutdown.wait()
                 accepting.cancel_scope.cancel()
@@ -116,15 +195,48 @@ class _FrontDoor:
         await trio.serve_listeners(self._connection, [listener], handler_nursery=connections)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        limit = self.listening.max_connections
+        if limit is not None and self.open >= limit:
+            await self._refuse(stream)
+            return
+        self.open += 1
         try:
             await self._dispatch(stream)
         except Exception:  # one connection's failure must not stop the server
             log.exception("connection failed")
             await trio.aclose_forcefully(stream)
+        finally:
+            self.open -= 1
 
-    async def _dispatch(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        self.refused += 1
+        now = trio.current_time()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self._refusal_logged_at = now
+            log.warning("%s: %d connections open (max_connections), refusing new ones (%d so far)",
+                        self.name, self.open, self.refused)
+        if self.listening.ssl_context is None:
+            with trio.move_on_after(1):
+                try:
+                    await stream.send_all(BUSY_RESPONSE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        await trio.aclose_forcefully(stream)
+
+    async def _dispatch(self, raw: trio.SocketStream) -> None:
+        stream: trio.SocketStream | trio.SSLStream = raw
         received = bytearray()
-        with trio.move_on_after(self.config.keep_alive_timeout):
+        chunk = b""
+        with trio.move_on_after(self.listening.header_timeout_s):
+            if self.listening.ssl_context is not None:
+                tls = trio.SSLStream(raw, self.listening.ssl_context, server_side=True, https_compatible=True)
+                try:
+                    await tls.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    log.info("%s: TLS handshake failed: %s", self.name, exc.__cause__ or exc)
+                    await trio.aclose_forcefully(raw)
+                    return
+                stream = tls
             while HEAD_END not in received and len(received) <= MAX_HEAD:
                 try:
                     chunk = await stream.receive_some(READ_CHUNK)
@@ -134,15 +246,18 @@ class _FrontDoor:
                     break
                 received += chunk
         if HEAD_END not in received and (not received or not chunk or len(received) <= MAX_HEAD):
-            await trio.aclose_forcefully(stream)  # silent for too long, or gone
+            await trio.aclose_forcefully(stream)  # silent or too slow for too long, or gone
+            return
+        if isinstance(stream, trio.SSLStream):
+            await self._hypercorn(_TlsReplay(stream, bytes(received)))
             return
         parsed = parse_head(bytes(received))
-        handler = self.takeover(parsed[0]) if parsed is not None else None
+        handler = self.takeover(parsed[0]) if parsed is not None and self.takeover is not None else None
         if parsed is None or handler is None:  # hypercorn answers what we do not parse its own way
-            await self._hypercorn(stream, bytes(received))
+            await self._hypercorn(_Replay(raw, bytes(received)))
             return
         request, head_length = parsed
-        sock = socket.socket(fileno=stream.socket.detach())
+        sock = socket.socket(fileno=raw.socket.detach())
         sock.setblocking(False)
         handed_back: bytes | None = None
         try:
@@ -152,11 +267,11 @@ class _FrontDoor:
                 trio.lowlevel.notify_closing(sock)
                 sock.close()
         if handed_back is not None:
-            await self._hypercorn(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), handed_back)
+            await self._hypercorn(_Replay(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), handed_back))
 
-    async def _hypercorn(self, stream: trio.SocketStream, received: bytes) -> None:
+    async def _hypercorn(self, stream: trio.abc.HalfCloseableStream) -> None:
         """Serve the connection with hypercorn, replaying what was read from it already."""
-        await TCPServer(self.app, self.config, self.context, ConnectionState({}), _Replay(stream, received))
+        await TCPServer(self.app, self.config, self.context, ConnectionState({}), stream)
 
 
 def parse_head(data: bytes) -> tuple[h11.Request, int] | None:
@@ -210,3 +325,22 @@ class _Replay(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+class _TlsReplay(_Replay):
+    """A TLS stream whose handshake is done, with the bytes already read replayed: hypercorn
+    recognises a TLS stream by ``do_handshake`` (so requests get ``scheme`` ``https``)."""
+
+    def __init__(self, stream: trio.SSLStream, head: bytes) -> None:  # type: ignore[override]
+        self.stream = stream  # type: ignore[assignment]
+        self.transport_stream = stream.transport_stream
+        self._head = head
+
+    async def do_handshake(self) -> None:
+        await self.stream.do_handshake()  # done already: returns at once
+
+    def selected_alpn_protocol(self) -> str:
+        return "http/1.1"  # the front door parses HTTP/1.1 heads; h2 is not offered
+
+    async def send_eof(self) -> None:
+        raise AttributeError("a TLS stream has no half-close")  # what hypercorn expects of one

@@ -686,20 +686,25 @@ def decode_packet(packet: bytes) -> Request | BadRequest:
 def _check_header(packet: bytes, header_end: int) -> tuple[int, int, int, int] | BadRequest:
     """Tarantool's key and type checks of a well-formed header map: (type, sync, schema
     version, stream id), or the error, with the sync read before the fault."""
-    unpacker = msgpack.Unpacker(max_buffer_size=max(len(packet), 16))
+    # Strings are not checked for UTF-8 (Tarantool does not check them either): an invalid one
+    # raised UnicodeDecodeError out of the decoder, which stopped the server (found by fuzzing).
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(packet), 16), unicode_errors="surrogateescape")
     unpacker.feed(packet[:header_end])
     fields = {REQUEST_TYPE: 0, SYNC: 0, SCHEMA_VERSION: 0, STREAM_ID: 0}
-    for _ in range(unpacker.read_map_header()):
-        at = unpacker.tell()
-        if _mp_type(packet[at]) != MP_UINT:
-            return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
-        key = unpacker.unpack()
-        at = unpacker.tell()
-        if key >= KEY_MAX or _KEY_TYPES[key] != _mp_type(packet[at]):
-            return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
-        value = unpacker.unpack()
-        if key in fields:
-            fields[key] = value
+    try:
+        for _ in range(unpacker.read_map_header()):
+            at = unpacker.tell()
+            if _mp_type(packet[at]) != MP_UINT:
+                return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
+            key = unpacker.unpack()
+            at = unpacker.tell()
+            if key >= KEY_MAX or _KEY_TYPES[key] != _mp_type(packet[at]):
+                return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
+            value = unpacker.unpack()
+            if key in fields:
+                fields[key] = value
+    except ValueError:  # msgpack's own refusals (limits of nesting or sizes)
+        return BadRequest(fields[SYNC], BoxError(ER.INVALID_MSGPACK, "packet header"))
     return fields[REQUEST_TYPE], fields[SYNC], fields[SCHEMA_VERSION], fields[STREAM_ID]
 
 

@@ -21,8 +21,9 @@ import trio
 
 from iproto_server import codec
 from iproto_server.dispatch import Dispatcher
+from iproto_server.outbox import Outbox
 from iproto_server.session import Session
-from iproto_server.socket_io import DirectSocket
+from iproto_server.socket_io import DirectSocket, StreamIO
 
 log = logging.getLogger(__name__)
 
@@ -32,27 +33,24 @@ RECEIVE_SIZE = 64 * 1024  # under malloc's mmap threshold: a bigger buffer costs
 class Connection:
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         dispatcher: Dispatcher,
         session: Session,
         greeting: bytes,
         max_packet: int,
         max_inflight: int,
+        io: StreamIO | None = None,
     ) -> None:
         self.stream = stream
         self.dispatcher = dispatcher
         self.session = session
         self.greeting = greeting
-        self.io = DirectSocket(stream)
+        self.io = io if io is not None else DirectSocket(stream)  # StreamIO: a TLS stream
         self.decoder = codec.RequestDecoder(max_packet)
-        self.max_inflight = max_inflight
-        self.inflight = 0
-        self._slot_freed = trio.Event()
-        self._out = bytearray()  # answers not sent yet; swapped for a new one when sent
-        self._output_ready = trio.Event()
-        self._drained = trio.Event()
+        self.outbox = Outbox(max_inflight)
         self._reading = trio.CancelScope()
         self._sending = False
+        self._drained = trio.Event()
 
     def stop_reading(self) -> None:
         """Server shutdown: accept no more requests on this connection."""
@@ -74,9 +72,8 @@ class Connection:
                 else:
                     # Shutting down or closing after a framing error: finish what is in flight.
                     with trio.move_on_after(grace):
-                        while self.inflight:
-                            self._slot_freed = trio.Event()
-                            await self._slot_freed.wait()
+                        while self.outbox.inflight:
+                            await self._slot_freed()
                         await self._flush()
                     nursery.cancel_scope.cancel()
         finally:
@@ -94,7 +91,7 @@ class Connection:
         decoder = self.decoder
         handle_all = self.dispatcher.handle_all
         session = self.session
-        reply_later = self._reply_later
+        outbox = self.outbox
         while True:
             await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
@@ -106,23 +103,22 @@ class Connection:
             decoder.feed(data)
             while True:
                 pending, tasks, framing_error = handle_all(
-                    session, decoder, self._out, reply_later, self.max_inflight - self.inflight
+                    session, decoder, outbox, outbox.max_inflight - outbox.inflight
                 )
-                self.inflight += pending
+                outbox.inflight += pending
                 if tasks is not None:
                     for task in tasks:
                         nursery.start_soon(self._run, task)
                 if framing_error is not None:
-                    self._out += self.dispatcher.error(0, framing_error.error)
-                    self._output_ready.set()
+                    outbox.out += self.dispatcher.error(0, framing_error.error)
+                    outbox.wake_sender()
                     return False
-                if self.inflight < self.max_inflight:
+                if outbox.inflight < outbox.max_inflight:
                     break  # the decoder holds no more complete requests
-                while self.inflight >= self.max_inflight:
-                    self._output_ready.set()  # let the sender answer what is ready meanwhile
-                    self._slot_freed = trio.Event()
-                    await self._slot_freed.wait()
-            if self._out and not self._sending:
+                while outbox.inflight >= outbox.max_inflight:
+                    outbox.wake_sender()  # let the sender answer what is ready meanwhile
+                    await self._slot_freed()
+            if outbox.out and not self._sending:
                 # Answer this chunk's quick requests now, without waking the sender task; a full
                 # socket buffer blocks here, which stops reading: the client is pushed back.
                 try:
@@ -130,55 +126,51 @@ class Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return True
 
-    def _reply_later(self, packet: bytes) -> None:
-        """The answer to a request that was left pending (a write waiting for its commit)."""
-        self._out += packet
-        self._output_ready.set()
-        self._release()
-
-    def _release(self) -> None:
-        self.inflight -= 1
-        self._slot_freed.set()
+    async def _slot_freed(self) -> None:
+        """Wait until a pending request is answered."""
+        event = self.outbox.reader_waiting = trio.Event()
+        await event.wait()
 
     async def _run(self, pending: Coroutine[Any, Any, bytes]) -> None:
         try:
-            packet = await pending  # first: the buffer may be swapped while this waits
-            self._out += packet
-            self._output_ready.set()
-        finally:
-            self._release()
+            packet = await pending
+        except BaseException:
+            self.outbox.inflight -= 1  # cancelled with its connection: nobody is answered
+            raise
+        self.outbox.reply_later(packet)
 
     # -- sending -------------------------------------------------------------------------------
 
     async def _flush(self) -> None:
-        while self._out or self._sending:
-            self._output_ready.set()
+        while self.outbox.out or self._sending:
+            self.outbox.wake_sender()
             self._drained = trio.Event()
             await self._drained.wait()
 
     async def _send_pending(self) -> None:
-        """Write everything queued; only one task sends at a time (``_sending``). The buffer being
-        sent is swapped out first, so answers arriving meanwhile go to a fresh one."""
+        """Write everything answered; only one task sends at a time (``_sending``). The buffer
+        being sent is taken out of the outbox, so answers arriving meanwhile go to a fresh one."""
+        outbox = self.outbox
         self._sending = True
         try:
-            while self._out:
-                data, self._out = self._out, bytearray()
-                await self.io.send_all(data)
+            while outbox.out:
+                await self.io.send_all(outbox.take())
         finally:
             self._sending = False
-            if not self._out:
+            if not outbox.out:
                 self._drained.set()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
         """Sends what is answered outside the receive loop (commits, calls)."""
+        outbox = self.outbox
         try:
             while True:
-                while not self._out or self._sending:
-                    self._output_ready = trio.Event()
-                    await self._output_ready.wait()
+                while not outbox.out or self._sending:
+                    event = outbox.sender_waiting = trio.Event()
+                    await event.wait()
                 await self._send_pending()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # The client is gone: nothing more can be answered.
-            self._out = bytearray()
+            outbox.take()
             self._drained.set()
             scope.cancel()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ import trio
 from errcodes import BoxError
 from iproto_server import console_codec as cc
 from iproto_server.greeting import console_greeting
+from iproto_server.listening import serve_tcp
 from iproto_server.session import Session
 from spaces import access as acl
 from spaces.catalog import Catalog
@@ -45,26 +47,22 @@ class ConsoleServer:
     """Serves the console protocol; connections live in the caller's nursery."""
 
     def __init__(self, catalog: Catalog, run_statement: RunStatement, *, require_login: bool,
-                 max_statement_bytes: int = 16 * 1024 * 1024) -> None:
+                 max_statement_bytes: int = 16 * 1024 * 1024, ssl_context: ssl.SSLContext | None = None,
+                 max_connections: int | None = None) -> None:
         self.catalog = catalog
         self.run_statement = run_statement
         self.require_login = require_login
         self.max_statement_bytes = max_statement_bytes
+        self.ssl_context = ssl_context
+        self.max_connections = max_connections
 
     async def listen(self, host: str, port: int, connection_nursery: trio.Nursery, *,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        bound = listeners[0].socket.getsockname()[1]
-        log.info("admin console listening on %s:%d", host, bound)
-        task_status.started(bound)
-        await trio.serve_listeners(self._serve, listeners, handler_nursery=connection_nursery)
+        await serve_tcp(host, port, self._serve, connection_nursery, name="admin console",
+                        ssl_context=self.ssl_context, max_connections=self.max_connections,
+                        task_status=task_status)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        try:
-            peer = stream.socket.getpeername()
-            peer_text = f"{peer[0]}:{peer[1]}"
-        except OSError:
-            peer_text = ""
+    async def _serve(self, stream: trio.abc.Stream, peer_text: str) -> None:
         access = self.catalog.access
         user = access.guest if self.require_login else access.by_id[acl.ADMIN_ID]
         session = Session(await self.catalog.next_session_id(), user, peer_text)
@@ -82,7 +80,7 @@ class ConsoleServer:
 
 
 class _ConsoleConnection:
-    def __init__(self, server: ConsoleServer, stream: trio.SocketStream, session: Session) -> None:
+    def __init__(self, server: ConsoleServer, stream: trio.abc.Stream, session: Session) -> None:
         self.server = server
         self.stream = stream
         self.session = session

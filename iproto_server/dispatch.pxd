@@ -1,15 +1,19 @@
 # C declarations of dispatch.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
+from iproto_server.outbox cimport Outbox
 from iproto_server.codec cimport BadRequest, Request, RequestDecoder, write_response, write_tuples_response
 from iproto_server.session cimport Session
 from spaces.procedures cimport ProcedureEntry, Procedures
 from spaces.space cimport Space
 
 
+cdef class Dispatcher
+
+
 cdef class _WriteReply:
-    cdef object dispatcher
+    cdef Dispatcher dispatcher
     cdef unsigned long long sync
-    cdef object reply
+    cdef Outbox outbox
     cdef bint returns_tuple
 
 
@@ -22,21 +26,21 @@ cdef class Dispatcher:
     cdef list _by_type
     cdef dict _spaces
 
-    cpdef object handle(self, Session session, Request request, bytearray out, object reply)
-    cpdef tuple handle_all(self, Session session, RequestDecoder decoder, bytearray out, object reply, Py_ssize_t room)
-    cdef void _reply_later(self, unsigned long long sync, object later, object reply)
-    cdef void _submit(self, object write, unsigned long long sync, object reply, bint returns_tuple)
+    cpdef object handle(self, Session session, Request request, Outbox outbox)
+    cpdef tuple handle_all(self, Session session, RequestDecoder decoder, Outbox outbox, Py_ssize_t room)
+    cdef void _reply_later(self, unsigned long long sync, object later, Outbox outbox)
+    cdef void _submit(self, object write, unsigned long long sync, Outbox outbox, bint returns_tuple)
     cdef object _space_of(self, dict body)
     cdef object _index_id(self, object space, dict body)
     cdef object _writable(self, Session session, Request request)
     cdef bytes _auth(self, Session session, Request request)
     cdef object _select(self, Session session, Request request)
     cdef bytes _select_checked(self, Session session, dict body)
-    cdef void _put(self, Session session, Request request, str mode, unsigned long long sync, object reply)
+    cdef void _put(self, Session session, Request request, str mode, unsigned long long sync, Outbox outbox)
     cdef list _ops(self, Space space, dict body, int key)
-    cdef void _update(self, Session session, Request request, unsigned long long sync, object reply)
-    cdef void _delete(self, Session session, Request request, unsigned long long sync, object reply)
-    cdef void _upsert(self, Session session, Request request, unsigned long long sync, object reply)
+    cdef void _update(self, Session session, Request request, unsigned long long sync, Outbox outbox)
+    cdef void _delete(self, Session session, Request request, unsigned long long sync, Outbox outbox)
+    cdef void _upsert(self, Session session, Request request, unsigned long long sync, Outbox outbox)
     cdef object _procedure_call(self, Session session, Request request, bint call16,
-                                unsigned long long sync, object reply)
+                                unsigned long long sync, Outbox outbox)
     cdef object _eval(self, Session session, Request request)

@@ -3,7 +3,8 @@
 
 :meth:`Dispatcher.handle` writes the response at once into the connection's output buffer for
 requests that never wait (PING, SELECT, AUTH, errors...); writes wait for their commit and are
-answered through ``reply`` from its callback (``handle`` returns :data:`PENDING`); calls that may
+answered into the connection's :class:`Outbox` from its callback (``handle`` returns
+:data:`PENDING`); calls that may
 block come back as a coroutine, which the connection runs as a task, so a slow request never holds
 up a fast one behind it.
 
@@ -15,7 +16,7 @@ through the general checks on the body dict, which give Tarantool's errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import cython
@@ -31,12 +32,14 @@ from iproto_server.codec import (
     write_tuples_response,
 )
 from iproto_server.codec import EMPTY_BODY as _EMPTY_BODY
+from iproto_server.outbox import Outbox
 from iproto_server.request_stats import RequestStats
 from iproto_server.session import Session
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import Raw
+from spaces.ownership import write_refused
 from spaces.procedures import ProcedureEntry, Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
@@ -47,10 +50,11 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 3
 FEATURES: list[int] = []
 
-EvalHandler = Callable[[Session, str, list[Any]], Awaitable[list[Any]]]
+# The values at once (a chunk that finished on the event loop), or an awaitable producing them.
+EvalHandler = Callable[[Session, str, list[Any]], "list[Any] | Awaitable[list[Any]]"]
 Reply = Callable[[bytes], None]
 
-PENDING = True  # what handle() returns when the answer will come through ``reply``
+PENDING = True  # what handle() returns when the answer will come later (see Outbox.answered)
 
 # The request types and body keys as C constants: a module attribute costs more than the test.
 T_SELECT = cython.declare(cython.ulonglong, codec.SELECT)
@@ -205,18 +209,22 @@ def _check_required(request: Request, rtype: cython.ulonglong) -> cython.void:
 
 @cython.cclass
 class _WriteReply:
-    """Answers one write from its commit's completion callback (no closure per write)."""
-
+    """Answers one write from its commit's completion callback (no closure per write): the
+    response goes straight into the connection's outbox."""
 
     def __call__(self, result: object, error: object) -> None:
-        catalog = self.dispatcher.catalog
+        outbox: Outbox = self.outbox
+        version: cython.ulonglong = self.dispatcher.catalog.schema_version
         if error is not None:
             self.dispatcher.stats.errors += 1
-            self.reply(codec.error_response(self.sync, catalog.schema_version, _as_box_error(error)))
+            box_error = _as_box_error(error)
+            write_response(outbox.out, self.sync, version, codec.error_body(box_error),
+                           codec.ERROR_FLAG | box_error.code)
         elif result is None or not self.returns_tuple:
-            self.reply(codec.response(self.sync, catalog.schema_version, codec.EMPTY_TUPLES_BODY))
+            write_response(outbox.out, self.sync, version, codec.EMPTY_TUPLES_BODY)
         else:
-            self.reply(codec.response(self.sync, catalog.schema_version, codec.data_body_from_tuples([result])))
+            write_tuples_response(outbox.out, self.sync, version, [result])
+        outbox.answered()
 
 
 @cython.cclass
@@ -241,10 +249,11 @@ class Dispatcher:
 
     # -- entry point ---------------------------------------------------------------------------
 
-    def handle(self, session: Session, request: Request, out: bytearray, reply: Reply) -> object:
-        """Answer ``request``: the response is appended to ``out`` now (returns None), or sent
-        through ``reply`` later (returns :data:`PENDING`: a write waiting for its commit), or made
-        by the returned coroutine (a call that may block)."""
+    def handle(self, session: Session, request: Request, outbox: Outbox) -> object:
+        """Answer ``request``: the response is appended to ``outbox.out`` now (returns None), or
+        later by a callback that then calls ``outbox.answered()`` (returns :data:`PENDING`: a
+        write waiting for its commit), or made by the returned coroutine (a call that may block)."""
+        out: bytearray = outbox.out
         sync: cython.ulonglong = request.sync
         rtype: cython.ulonglong = request.type
         version: cython.ulonglong = self.catalog.schema_version
@@ -264,21 +273,21 @@ class Dispatcher:
                     write_tuples_response(out, sync, version, result)
                     return None
             elif rtype == T_CALL or rtype == T_CALL_16:
-                result = self._procedure_call(session, request, rtype == T_CALL_16, sync, reply)
+                result = self._procedure_call(session, request, rtype == T_CALL_16, sync, outbox)
             elif rtype == T_REPLACE or rtype == T_INSERT:
-                self._put(session, request, REPLACE if rtype == T_REPLACE else INSERT, sync, reply)
+                self._put(session, request, REPLACE if rtype == T_REPLACE else INSERT, sync, outbox)
                 return PENDING
             elif rtype == T_UPDATE:
-                self._update(session, request, sync, reply)
+                self._update(session, request, sync, outbox)
                 return PENDING
             elif rtype == T_DELETE:
-                self._delete(session, request, sync, reply)
+                self._delete(session, request, sync, outbox)
                 return PENDING
             elif rtype == T_UPSERT:
-                self._upsert(session, request, sync, reply)
+                self._upsert(session, request, sync, outbox)
                 return PENDING
             elif rtype == T_EVAL:
-                return self._eval(session, request)
+                result = self._eval(session, request)
             elif rtype == T_AUTH:
                 result = self._auth(session, request)
             elif rtype == T_ID:
@@ -296,7 +305,7 @@ class Dispatcher:
             return None
         return result  # PENDING or a coroutine
 
-    def handle_all(self, session: Session, decoder: RequestDecoder, out: bytearray, reply: Reply,
+    def handle_all(self, session: Session, decoder: RequestDecoder, outbox: Outbox,
                    room: cython.Py_ssize_t) -> tuple:
         """Handle the requests ``decoder`` holds, as :meth:`handle` does, until it has no more or
         ``room`` of them are left pending. Returns how many are pending, the coroutines (or None)
@@ -315,10 +324,10 @@ class Dispatcher:
                 break
             if type(event) is BadRequest:
                 bad = event
-                write_response(out, bad.sync, self.catalog.schema_version, codec.error_body(bad.error),
-                               codec.ERROR_FLAG | bad.error.code)
+                write_response(outbox.out, bad.sync, self.catalog.schema_version,
+                               codec.error_body(bad.error), codec.ERROR_FLAG | bad.error.code)
                 continue
-            result = self.handle(session, event, out, reply)
+            result = self.handle(session, event, outbox)
             if result is None:
                 continue
             pending += 1
@@ -332,15 +341,18 @@ class Dispatcher:
         return codec.error_response(sync, self.catalog.schema_version, error)
 
     @cython.cfunc
-    def _reply_later(self, sync: cython.ulonglong, later: Later, reply: Reply) -> cython.void:
+    def _reply_later(self, sync: cython.ulonglong, later: Later, outbox: Outbox) -> cython.void:
         def settled(body: bytes | None, error: BaseException | None) -> None:
             version = self.catalog.schema_version
             if error is None:
-                reply(codec.response(sync, version, body))
+                write_response(outbox.out, sync, version, body)
             else:
                 if not isinstance(error, Exception):
                     error = RuntimeError(repr(error))
-                reply(codec.error_response(sync, version, _as_box_error(_procedure_error(error))))
+                box_error = _as_box_error(_procedure_error(error))
+                write_response(outbox.out, sync, version, codec.error_body(box_error),
+                               codec.ERROR_FLAG | box_error.code)
+            outbox.answered()
 
         later.then(settled)
 
@@ -353,11 +365,11 @@ class Dispatcher:
         return codec.response(sync, self.catalog.schema_version, body)
 
     @cython.cfunc
-    def _submit(self, write: object, sync: cython.ulonglong, reply: Reply, returns_tuple: cython.bint) -> cython.void:
+    def _submit(self, write: object, sync: cython.ulonglong, outbox: Outbox, returns_tuple: cython.bint) -> cython.void:
         answer: _WriteReply = _WriteReply.__new__(_WriteReply)
         answer.dispatcher = self
         answer.sync = sync
-        answer.reply = reply
+        answer.outbox = outbox
         answer.returns_tuple = returns_tuple
         self.catalog.committer.submit(write, answer)
 
@@ -400,6 +412,8 @@ class Dispatcher:
         if session.read_only:
             raise BoxError(ER.READONLY)
         user = session.user
+        if cython.cast(Space, space).owned_by is not None:  # the engine's: spaces.ownership
+            raise write_refused(space, user.name)
         if user.universe & _WRITE == 0:
             self.access.check(user, acl.WRITE, acl.SPACE, space.name)
         return space
@@ -457,7 +471,7 @@ class Dispatcher:
         return codec.data_body_from_tuples(tuples)
 
     @cython.cfunc
-    def _put(self, session: Session, request: Request, mode: str, sync: cython.ulonglong, reply: Reply) -> cython.void:
+    def _put(self, session: Session, request: Request, mode: str, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
         space = self._writable(session, request)
         if request.typed:
             if request.tuple is None:
@@ -465,7 +479,7 @@ class Dispatcher:
             fields = request.tuple
         else:
             fields = _array(request.body, codec.TUPLE, "tuple", required=True)
-        self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, reply, True)
+        self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, outbox, True)
 
     @cython.cfunc
     def _ops(self, space: Space, body: dict, key: cython.int) -> list:
@@ -473,23 +487,23 @@ class Dispatcher:
         return parse_ops(_array(body, key, "tuple", required=True), index_base, space.field_names)
 
     @cython.cfunc
-    def _update(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+    def _update(self, session: Session, request: Request, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, reply, True)
+        self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, outbox, True)
 
     @cython.cfunc
-    def _delete(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+    def _delete(self, session: Session, request: Request, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        self._submit(space.prepare_delete(iid, key), sync, reply, True)
+        self._submit(space.prepare_delete(iid, key), sync, outbox, True)
 
     @cython.cfunc
-    def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, reply: Reply) -> cython.void:
+    def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
         space = self._writable(session, request)
         body = request.body
         fields = _array(body, codec.TUPLE, "tuple", required=True)
@@ -498,11 +512,11 @@ class Dispatcher:
             _uint(body, codec.INDEX_BASE, "index base"),
             space.field_names,
         )
-        self._submit(space.prepare_upsert(request.tuple_raw, fields, ops), sync, reply, False)
+        self._submit(space.prepare_upsert(request.tuple_raw, fields, ops), sync, outbox, False)
 
     @cython.cfunc
     def _procedure_call(
-        self, session: Session, request: Request, call16: cython.bint, sync: cython.ulonglong, reply: Reply
+        self, session: Session, request: Request, call16: cython.bint, sync: cython.ulonglong, outbox: Outbox
     ) -> object:
         if request.typed:
             name = request.function_name
@@ -530,7 +544,7 @@ class Dispatcher:
         except Exception as exc:
             raise _procedure_error(exc) from exc
         if type(values) is Later:
-            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), reply)
+            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), outbox)
             return PENDING
         if type(values) is list:
             return _call_body(values, call16)
@@ -547,7 +561,7 @@ class Dispatcher:
         return _call_body(values, call16)
 
     @cython.cfunc
-    def _eval(self, session: Session, request: Request) -> Coroutine[Any, Any, bytes]:
+    def _eval(self, session: Session, request: Request) -> object:
         body = request.body
         expr = _field(body, codec.EXPR, "expression", required=True)
         if type(expr) is not str:
@@ -556,9 +570,11 @@ class Dispatcher:
         self.access.check(session.user, acl.EXECUTE, acl.UNIVERSE, "")
         if self.eval_handler is None:
             raise BoxError(ER.UNSUPPORTED, "boxqueue", "EVAL (no Lua engine is configured)")
-        return self._finish(request.sync, self._run_eval(session, expr, args))
+        values = self.eval_handler(session, expr, args)
+        if type(values) is list:  # the chunk finished on the event loop: answered at once
+            return codec.data_body(values)
+        return self._finish(request.sync, self._run_eval(values))
 
-    async def _run_eval(self, session: Session, expr: str, args: list[Any]) -> bytes:
-        values = await self.eval_handler(session, expr, args)
-        return codec.data_body(list(values))
+    async def _run_eval(self, running: Awaitable[list[Any]]) -> bytes:
+        return codec.data_body(list(await running))
 

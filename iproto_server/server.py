@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from functools import partial
 
 import trio
@@ -10,7 +11,9 @@ import trio
 from iproto_server.connection import Connection
 from iproto_server.dispatch import Dispatcher
 from iproto_server.greeting import binary_greeting
+from iproto_server.listening import serve_tcp
 from iproto_server.session import Session
+from iproto_server.socket_io import StreamIO
 from spaces.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -27,12 +30,16 @@ class IprotoServer:
         max_packet: int = 16 * 1024 * 1024,
         max_inflight: int = 768,
         grace: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
         self.max_packet = max_packet
         self.max_inflight = max_inflight
         self.grace = grace
+        self.ssl_context = ssl_context  # every listener of this server speaks TLS
+        self.max_connections = max_connections  # per listener
         self.connections: set[Connection] = set()
         self._no_connections = trio.Event()
         self._no_connections.set()
@@ -48,31 +55,26 @@ class IprotoServer:
     ) -> None:
         """Accept on ``host:port`` until cancelled; connections live in ``connection_nursery``
         so that closing the listener does not cut them off."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        bound = listeners[0].socket.getsockname()[1]
-        kind = "read-only iproto" if read_only else "iproto"
-        log.info("%s listening on %s:%d", kind, host, bound)
-        task_status.started(bound)
-        await trio.serve_listeners(
-            partial(self._serve_connection, read_only=read_only),
-            listeners,
-            handler_nursery=connection_nursery,
+        await serve_tcp(
+            host, port, partial(self._serve_connection, read_only=read_only), connection_nursery,
+            name="read-only iproto" if read_only else "iproto", ssl_context=self.ssl_context,
+            max_connections=self.max_connections, task_status=task_status,
         )
 
-    async def _serve_connection(self, stream: trio.SocketStream, *, read_only: bool) -> None:
-        try:
-            peer = stream.socket.getpeername()
-            peer_text = f"{peer[0]}:{peer[1]}"
-        except OSError:
-            peer_text = ""
+    async def _serve_connection(self, stream: trio.abc.Stream, peer_text: str, *, read_only: bool) -> None:
         sid = await self.catalog.next_session_id()
         session = Session(sid, self.catalog.access.guest, peer_text, read_only)
         greeting, session.salt = binary_greeting(self.catalog.instance_uuid)
-        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight)
+        # Plain TCP: the connection reads and writes the socket directly (socket_io.DirectSocket);
+        # TLS goes through the SSLStream.
+        io = StreamIO(stream) if isinstance(stream, trio.SSLStream) else None
+        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight, io)
         self.connections.add(conn)
         self._no_connections = trio.Event()
         try:
             await conn.serve(self.grace)
+        except Exception:  # a fault of one connection closes it, never the server
+            log.exception("iproto connection %s failed; closed", peer_text)
         finally:
             self.connections.discard(conn)
             if not self.connections:

@@ -48,3 +48,23 @@ class DirectSocket:
     def detach(self) -> None:
         """Forget the descriptor; the trio stream closes it."""
         self._sock.detach()
+
+
+class StreamIO:
+    """The same calls over any trio stream (a TLS one, whose bytes must pass through OpenSSL):
+    every call goes through trio. A broken stream reads as its end, as a reset socket does."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._stream = stream
+
+    async def receive(self, max_bytes: int) -> bytes:
+        try:
+            return await self._stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+
+    async def send_all(self, data: bytes) -> None:
+        await self._stream.send_all(data)
+
+    def detach(self) -> None:
+        """Nothing to forget: the stream is closed by its owner."""

@@ -21,6 +21,7 @@ from spaces import access as acl
 from spaces import fieldtypes
 from spaces.catalog import Catalog
 from spaces.definitions import parse_format
+from spaces.ownership import check_schema_change
 from spaces.procedures import CallContext, Procedures
 from spaces.space import Space
 
@@ -32,6 +33,8 @@ class Job:
     ctx: CallContext
     set_delimiter: Callable[[str], None] | None = None
 
+
+_MAX_SPACE_ENTRIES = 4096
 
 # Space methods called from Lua, counted in box.stat() like the requests they stand for.
 _COUNTED_AS = {
@@ -122,6 +125,9 @@ class Operations:
         self.users = users
         self.procedures = procedures
         self.stats = stats  # request counters (iproto_server.request_stats), shown by box.stat()
+        # Space methods by (space id, index id, method): the entries look the space up at each
+        # call, so they stay valid across DDL; the names come from Lua, so the dict is bounded.
+        self._space_entries: dict[tuple[Any, Any, Any], Any] = {}
         self._table: dict[str, Callable[..., Any]] = {
             "call": self.call,
             "space": self.space,
@@ -141,6 +147,9 @@ class Operations:
             "func_drop": self.func_drop,
             "func_exists": self.func_exists,
         }
+
+    def by_name(self) -> dict[str, Callable[..., Any]]:
+        return dict(self._table)
 
     def get(self, name: str) -> Callable[..., Any]:
         op = self._table.get(name)
@@ -163,9 +172,16 @@ class Operations:
 
     def space(self, job: Job, space_id: Any, iid: Any, method: Any, *args: Any) -> Any:
         """``box.space[id].index[iid]:method(...)`` through the registry's space methods."""
-        entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
+        key = (space_id, iid, method) if type(space_id) is int and type(iid) is int and type(method) is str else None
+        entry = self._space_entries.get(key)
         if entry is None:
-            raise BoxError(ER.NO_SUCH_PROC, f"space method '{method}'")
+            entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
+            if entry is None:
+                raise BoxError(ER.NO_SUCH_PROC, f"space method '{method}'")
+            if key is not None:
+                if len(self._space_entries) >= _MAX_SPACE_ENTRIES:
+                    self._space_entries.clear()
+                self._space_entries[key] = entry
         counted = _COUNTED_AS.get(method)
         if counted is not None and self.stats is not None:
             self.stats.count_name(counted)
@@ -212,12 +228,15 @@ class Operations:
         )
         return [space_info(space)]
 
-    def _space(self, space_id: Any) -> Space:
-        return self.catalog.space(space_id)
+    def _space(self, job: Job, space_id: Any) -> Space:
+        """The space a DDL statement changes: not one whose definition the engine keeps."""
+        space = self.catalog.space(space_id)
+        check_schema_change(space, job.ctx.user.name)
+        return space
 
     async def create_index(self, job: Job, space_id: Any, name: Any = None, opts: Any = None) -> list[Any]:
         self._ddl(job)
-        space = self._space(space_id)
+        space = self._space(job, space_id)
         o = _opts(opts)
         idef, _created = await self.catalog.create_index(
             space,
@@ -233,19 +252,19 @@ class Operations:
 
     async def drop_index(self, job: Job, space_id: Any, iid: Any) -> list[Any]:
         self._ddl(job)
-        await self.catalog.drop_index(self._space(space_id), iid)
+        await self.catalog.drop_index(self._space(job, space_id), iid)
         return []
 
     async def drop_space(self, job: Job, space_id: Any) -> list[Any]:
         self._ddl(job)
-        await self.catalog.drop_space(self._space(space_id))
+        await self.catalog.drop_space(self._space(job, space_id))
         return []
 
     async def alter_space(self, job: Job, space_id: Any, changes: Any = None) -> list[Any]:
         self._ddl(job)
         c = _opts(changes)
         fmt = parse_format(c["format"]) if "format" in c else None
-        await self.catalog.alter_space(self._space(space_id), name=c.get("name"), format=fmt)
+        await self.catalog.alter_space(self._space(job, space_id), name=c.get("name"), format=fmt)
         return []
 
     # -- users -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 from dataclasses import dataclass, field
 
 from errcodes import ER, BoxError, access_denied
@@ -67,7 +68,7 @@ def chap_sha1_check(stored: bytes, salt: bytes, scramble: bytes) -> bool:
         return False
     step3 = hashlib.sha1(salt[:20] + stored).digest()
     step1 = bytes(a ^ b for a, b in zip(scramble, step3, strict=True))
-    return hashlib.sha1(step1).digest() == stored
+    return hmac.compare_digest(hashlib.sha1(step1).digest(), stored)  # constant time
 
 
 @dataclass

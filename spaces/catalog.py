@@ -30,6 +30,7 @@ from spaces.definitions import (
     parse_part,
     space_from_row,
 )
+from spaces.ownership import Ownership
 from spaces.space import Index, Space, decode_tuple
 from storage import keys
 from storage.commit import GroupCommitter
@@ -78,6 +79,7 @@ class Catalog:
         self._ddl_lock = trio.Lock()
         self._db = storage.db(CATALOG_DB)
         self.views = sysviews.SystemViews(self)
+        self.ownership = Ownership()  # which spaces only the engine may change (spaces.ownership)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -113,6 +115,7 @@ class Catalog:
     def _register(self, space: Space) -> None:
         self.spaces[space.id] = space
         self.by_name[space.name] = space
+        self.ownership.mark(space)
 
     def _unregister(self, space: Space) -> None:
         self.spaces.pop(space.id, None)
@@ -239,6 +242,7 @@ class Catalog:
             idef = IndexDef(space.id, iid, name, index_type, bool(unique), part_defs, self._new_db_name(space.id, iid))
             await self._persist(space, [*others, idef], build=idef)
             space.redefine(space.defn, [*others, idef])
+            self.ownership.mark(space)
             return idef, True
 
     async def drop_index(self, space: Space, iid: int) -> None:
@@ -255,6 +259,7 @@ class Catalog:
             await self._persist(space, remaining, extra=drop)
             self.storage.forget_db(index.defn.db_name.encode())
             space.redefine(space.defn, remaining)
+            self.ownership.mark(space)
 
     async def drop_space(self, space: Space) -> None:
         async with self._ddl_lock:

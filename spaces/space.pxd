@@ -1,5 +1,6 @@
 # C declarations of space.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
+cimport storage.keys as keys
 cdef class Index:
     cdef public object defn
     cdef public object space
@@ -17,6 +18,15 @@ cdef class Index:
     cdef public object db
 
 
+cdef class Space
+
+
+cdef class _ReplaceOnly:
+    cdef Space space
+    cdef bytes pk_stored
+    cdef bytes raw
+
+
 cdef class Space:
     cdef public object storage
     cdef public object committer
@@ -29,6 +39,7 @@ cdef class Space:
     cdef public dict field_names
     cdef public Index primary
     cdef public list secondaries
+    cdef public object owned_by
     cdef list _checks
 
     cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)

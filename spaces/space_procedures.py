@@ -8,6 +8,7 @@ Lua engine: select, get, insert, replace, update, upsert, delete, len, count, tr
 from __future__ import annotations
 
 import re
+from collections.abc import Coroutine
 from typing import Any
 
 from errcodes import ER, BoxError
@@ -15,6 +16,7 @@ from spaces import access as acl
 from spaces import iterators as it
 from spaces.catalog import Catalog
 from spaces.msgpack_values import Raw
+from spaces.ownership import check_writable
 from spaces.procedures import CallContext, ProcedureEntry, make_entry
 from spaces.space import Space
 from spaces.sysviews import SystemView
@@ -50,7 +52,7 @@ def space_method_resolver(catalog: Catalog):
             return None
         space_ref, index_ref, method = match.groups()
 
-        async def call(ctx: CallContext, *args: Any) -> list[Any]:
+        def call(ctx: CallContext, *args: Any) -> list[Any] | Coroutine[Any, Any, list[Any]]:
             ref: int | str = int(space_ref) if space_ref.isdigit() else space_ref
             space = catalog.lookup(ref)
             privilege = acl.WRITE if method in _WRITES else acl.READ
@@ -63,17 +65,21 @@ def space_method_resolver(catalog: Catalog):
                 catalog.access.check(ctx.user, privilege, acl.SPACE, space.name)
             if method in _WRITES and ctx.read_only:
                 raise BoxError(ER.READONLY)
+            if method in _WRITES:
+                check_writable(space, ctx.user.name)
             iid = 0
             if index_ref is not None:
                 iid = int(index_ref) if index_ref.isdigit() else space.index_named(index_ref).iid
-            return await _run(space, iid, method, list(args), ctx)
+            if method in _READS:  # answered at once: a read never waits
+                return _read(space, iid, method, list(args), ctx)
+            return _write(space, iid, method, list(args))
 
         return make_entry(name, call, writes=match.group(3) in _WRITES)
 
     return resolve
 
 
-async def _run(space: Space | SystemView, iid: int, method: str, args: list[Any], ctx: CallContext) -> list[Any]:
+def _read(space: Space | SystemView, iid: int, method: str, args: list[Any], ctx: CallContext) -> list[Any]:
     arg = args[0] if args else None
     if method == "select":
         opts = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
@@ -99,6 +105,11 @@ async def _run(space: Space | SystemView, iid: int, method: str, args: list[Any]
             return [space.len(ctx.user)]
         opts = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
         return [space.count(iid, _iterator(opts.get("iterator", it.EQ if arg else it.ALL)), _key(arg))]
+    raise BoxError(ER.NO_SUCH_PROC, method)
+
+
+async def _write(space: Space | SystemView, iid: int, method: str, args: list[Any]) -> list[Any]:
+    arg = args[0] if args else None
     assert isinstance(space, Space)
     if method in ("insert", "replace"):
         if type(arg) is not list:

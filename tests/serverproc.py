@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -20,14 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_greeting(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> bytes:
+def wait_for_greeting(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None,
+                      tls: ssl.SSLContext | None = None) -> bytes:
+    """The listener's 128-byte greeting, read as soon as it answers (over TLS with ``tls``)."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before listening")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as raw:
+                s = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls is not None else raw
                 data = b""
                 while len(data) < 128:
                     chunk = s.recv(128 - len(data))
@@ -56,6 +60,7 @@ class ServerProcess:
     admin_port: int | None = None  # set: the admin console listens there
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    tls_client: ssl.SSLContext | None = None  # the iproto listeners speak TLS: how to reach them
 
     @property
     def config_path(self) -> Path:
@@ -92,9 +97,9 @@ class ServerProcess:
         )
         log.close()
         try:
-            wait_for_greeting(self.port, timeout, self.proc)
+            wait_for_greeting(self.port, timeout, self.proc, self.tls_client)
             if self.admin_port is not None:  # listeners start one after the other
-                wait_for_greeting(self.admin_port, timeout, self.proc)
+                wait_for_greeting(self.admin_port, timeout, self.proc, self.tls_client)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()}") from None
 

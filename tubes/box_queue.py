@@ -48,14 +48,21 @@ def _stored_pri(pri: int | float) -> int:
     return int(255 - min(max(pri + 127, 0), 255))
 
 
+# A take that has to wait holds a task of its connection; a session may have this many at once
+# (``[iproto] max_waiting_takes_per_connection``), more are refused with ER_PROC_LUA.
+MAX_WAITING_TAKES = 512
+
+
 class BoxQueue:
     """The procedures, bound to one engine."""
 
-    def __init__(self, engine: QueueEngine) -> None:
+    def __init__(self, engine: QueueEngine, max_waiting_takes: int = MAX_WAITING_TAKES) -> None:
         self.engine = engine
         self.kind = engine.kind_named(BOX_QUEUE)  # a tube box.queue creates is box.queue's
         self.reader = TupleReader()
         self._bound_sessions: set[int] = set()
+        self.max_waiting_takes = max_waiting_takes  # per session: takes waiting for a task at once
+        self._waiting: dict[int, int] = {}
         self._restart_checked: set[tuple[int, str]] = set()
 
     def register(self, procedures: Procedures) -> None:
@@ -156,7 +163,8 @@ class BoxQueue:
         seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
-        taking = self.engine.take(space_id, name, self._consumer(ctx), seconds)
+        consumer = self._consumer(ctx)
+        taking = self.engine.take(space_id, name, consumer, seconds)
         returned = self._returned(space_id)
 
         def taken(raw: bytes | None) -> list[Any]:
@@ -164,7 +172,22 @@ class BoxQueue:
 
         if isinstance(taking, Later):
             return taking.map(taken)
-        return _waited(taking, taken)
+        waiting = self._waiting.get(consumer, 0)
+        if waiting >= self.max_waiting_takes:
+            taking.close()  # type: ignore[attr-defined]  # a coroutine never started
+            raise proc_error(f"Too many waiting takes on this connection (at most {self.max_waiting_takes})")
+        self._waiting[consumer] = waiting + 1
+        return self._counted_wait(consumer, _waited(taking, taken))
+
+    async def _counted_wait(self, consumer: int, waiting: Awaitable[list[Any]]) -> list[Any]:
+        try:
+            return await waiting
+        finally:
+            left = self._waiting[consumer] - 1
+            if left:
+                self._waiting[consumer] = left
+            else:
+                del self._waiting[consumer]
 
     def ack(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> Later[list[Any]]:
         space_id = self._space(space, "ack")
@@ -249,8 +272,8 @@ async def _waited(taking: Awaitable[bytes | None], taken: Callable[[bytes | None
     return taken(await taking)
 
 
-def register(procedures: Procedures, engine: QueueEngine) -> BoxQueue:
-    queue = BoxQueue(engine)
+def register(procedures: Procedures, engine: QueueEngine, max_waiting_takes: int = MAX_WAITING_TAKES) -> BoxQueue:
+    queue = BoxQueue(engine, max_waiting_takes)
     queue.register(procedures)
     return queue
 

@@ -151,6 +151,9 @@ class Consumers(EngineBase):
         if not chosen:
             return Later.done([])
         assert tube is not None
+        # A past deadline (Deckard takes a negative ack_deadline_ms) times out at once; a far one
+        # is capped where every stored time is (found by fuzzing: either failed the stored write).
+        ttr = min(max(ttr, 0), MAX_TIME_US)
         deadline = min(now_us() + ttr, MAX_TIME_US)
 
         def pulled(t: Task) -> None:

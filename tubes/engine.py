@@ -95,6 +95,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
             return known  # another API's space too: its tubes keep their own kinds
         queue_space = QueueSpace(space, TUBE_LAYOUT, kind, owned=True)
         self._owned[space.id] = queue_space
+        self.catalog.ownership.mark(space)
         self._checked.pop(space.id, None)
         self._known.pop(space.id, None)
         record = [name, kind.name]
@@ -131,6 +132,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
                 continue
             kind = self.kinds.get(kind_name) or default_kind(kind_name)
             self._owned[space.id] = QueueSpace(space, TUBE_LAYOUT, kind, owned=True)
+            self.catalog.ownership.mark(space)
             self._known.pop(space.id, None)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -24,6 +24,7 @@ from errcodes import ER, BoxError
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import pack
+from spaces.ownership import Owner
 from spaces.space import REPLACE, Space, decode_tuple
 from tubes.kinds import BOX_QUEUE_KIND, TubeKind
 from tubes.task import (
@@ -50,6 +51,9 @@ ChangeHook = Callable[[int, str, str, str | None, str | None, bytes | None], Non
 # The layout of a user's queue space (D12): index parts by field number.
 _LAYOUT = ((0,), (1, 2, 4, 5), (1, 3))
 _UNIQUE_LAYOUT = (1, 2, 12)
+
+ENGINE_OWNER = Owner("the tube engine")
+BOX_QUEUE_OWNER = Owner("box.queue", schema_open=True)
 
 # The engine's own records: which spaces it owns, tubes that exist on their own, live claims.
 OWNED_SPACES = "tube_spaces"
@@ -151,6 +155,16 @@ class EngineBase:
             if queue_space is not None:
                 found[sid] = queue_space
         return found
+
+    def space_owner(self, space: Space) -> Owner | None:
+        """The engine's rule for :mod:`spaces.ownership`: its own spaces and record spaces keep
+        their data and their definition; box.queue's queue spaces (declared by the user, D12)
+        only their data, since the engine holds their tasks in memory."""
+        if space.id in self._owned or space.name in RECORD_KEYS:
+            return ENGINE_OWNER
+        if is_queue_space(space):
+            return BOX_QUEUE_OWNER
+        return None
 
     def queue_space(self, space_id: Any) -> QueueSpace:
         """The queue space with this id, else ER_NO_SUCH_SPACE (D12). Every call of every API

@@ -19,10 +19,17 @@ import msgpack
 from errcodes import BoxError
 from spaces import iterators
 from spaces.catalog import Catalog
+from spaces.ownership import Owner
 from spaces.space import REPLACE, Space, decode_tuple
 
 POOLS_SPACE = "zaqar_pools"
 FLAVORS_SPACE = "zaqar_flavors"
+POOLS_OWNER = Owner("Zaqar's pools and flavors")
+
+
+def space_owner(space: Space) -> Owner | None:
+    """The rule for :mod:`spaces.ownership`: pools and flavors change only through Zaqar."""
+    return POOLS_OWNER if space.name in (POOLS_SPACE, FLAVORS_SPACE) else None
 URI_SCHEME = "boxqueue://"
 _SPACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 

@@ -27,11 +27,19 @@ from spaces import iterators as it
 from spaces.catalog import Catalog
 from spaces.definitions import FieldDef
 from spaces.msgpack_values import pack
+from spaces.ownership import Owner
 from spaces.space import REPLACE, Space, decode_tuple
 
 QUEUES = "sonya_queues"
 COUNTERS = "sonya_counters"
 VERSIONS = "sonya_versions"
+PREFIX = "sonya_"  # reserved: every space named so is the broadcast tubes' (spaces.ownership)
+SONYA_OWNER = Owner("Sonya's broadcast tubes")
+
+
+def space_owner(space: Space) -> Owner | None:
+    """The rule for :mod:`spaces.ownership`: the ``sonya_`` spaces are changed only by sends."""
+    return SONYA_OWNER if space.name.startswith(PREFIX) else None
 
 _LAYOUTS: dict[str, tuple[tuple[FieldDef, ...], list[list[Any]]]] = {
     QUEUES: ((FieldDef("queue", "string"),), [[0, "string"]]),

@@ -1,8 +1,11 @@
 """python-zaqarclient 3.0.1 (the last with the v1.1 client) through a whole queue's life.
 
-Run with a venv holding ``python-zaqarclient==3.0.1`` against a running facade:
-``python compat/zaqar_functional/zaqarclient_check.py http://127.0.0.1:8888``. Exits non-zero on
-the first mismatch.
+Run with a venv holding ``python-zaqarclient==3.0.1`` (``make install`` makes one in
+``.venv/zaqarclient``) against a running facade:
+``python compat/zaqar_functional/zaqarclient_check.py http://127.0.0.1:8888 [TOKEN]``. With a
+token the client is configured as for Zaqar behind Keystone (``backend = "keystone"``,
+``os_auth_token``, no project: the token fixes it); for an ``https`` URL the CA comes from
+``REQUESTS_CA_BUNDLE``. Exits non-zero on the first mismatch.
 """
 
 import sys
@@ -10,7 +13,12 @@ import sys
 from zaqarclient.queues import client
 
 url = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8888"
-c = client.Client(url, version=1.1, conf={"auth_opts": {"backend": "noauth", "options": {"os_project_id": "cli"}}})
+token = sys.argv[2] if len(sys.argv) > 2 else None
+if token is None:
+    auth = {"backend": "noauth", "options": {"os_project_id": "cli"}}
+else:
+    auth = {"backend": "keystone", "options": {"os_auth_token": token}}
+c = client.Client(url, version=1.1, conf={"auth_opts": auth})
 q = c.queue("zaqarclient_check", metadata={"m": 1})
 q.post([{"body": {"n": i}, "ttl": 120} for i in range(5)])
 assert "zaqarclient_check" in [x.name for x in c.queues()]

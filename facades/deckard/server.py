@@ -22,6 +22,7 @@ import trio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from facades.deckard.auth import BearerToken, PemFiles
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
@@ -31,6 +32,12 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 5.0
 WORKERS = 32  # pool threads: calls in progress at once (each waits for the engine, not the CPU)
+# Limits against abuse: calls waiting for a pool thread beyond this many are refused with
+# RESOURCE_EXHAUSTED (so queued calls cannot grow memory without bound); streams per HTTP/2
+# connection; request metadata (gRPC's default, stated).
+MAX_CONCURRENT_CALLS = 1024
+MAX_STREAMS_PER_CONNECTION = 128
+MAX_METADATA_BYTES = 8192
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Deckard"].full_name
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -48,6 +55,9 @@ class DeckardFacade:
         default_ttl_minutes: int = 1440,
         allow_flush: bool = True,
         grace: float = GRACE_S,
+        token: str | None = None,
+        tls: PemFiles | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.engine = engine
         self.space_id = space_id
@@ -56,6 +66,9 @@ class DeckardFacade:
         self.default_ttl_minutes = default_ttl_minutes
         self.allow_flush = allow_flush
         self.grace = grace
+        self.token = token  # `authorization: Bearer <token>` required on every call but health checks
+        self.tls = tls
+        self.max_connections = max_connections
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         calls_scope = trio.CancelScope(shield=True)  # closed by us, after the server has stopped
@@ -74,13 +87,20 @@ class DeckardFacade:
             address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
             try:
                 try:
-                    port = server.add_insecure_port(address)
+                    if self.tls is None:
+                        port = server.add_insecure_port(address)
+                    else:
+                        credentials = grpc.ssl_server_credentials(
+                            [(self.tls.key, self.tls.chain)], root_certificates=self.tls.client_ca,
+                            require_client_auth=self.tls.require_client_cert,
+                        )
+                        port = server.add_secure_port(address, credentials)
                 except RuntimeError as exc:
                     raise OSError(f"Deckard listener {self.host}:{self.port}: {exc}") from exc
                 if port == 0:
                     raise OSError(f"Deckard listener {self.host}:{self.port}: could not bind")
                 server.start()
-                log.info("Deckard facade listening on %s:%d", self.host, port)
+                log.info("Deckard facade listening on %s:%d%s", self.host, port, " (TLS)" if self.tls else "")
                 task_status.started(port)
                 await trio.sleep_forever()
             finally:
@@ -94,13 +114,20 @@ class DeckardFacade:
                     calls_scope.cancel()
 
     def _server(self, bridge: TrioBridge, pool: futures.ThreadPoolExecutor) -> tuple[grpc.Server, health.HealthServicer]:
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.so_reuseport", 0),
+        ]
+        if self.max_connections is not None:
+            options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
         server = grpc.server(
             pool,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=options,
+            interceptors=[BearerToken(self.token)] if self.token is not None else None,
+            maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
         )
         service = DeckardService(
             self.engine, self.space_id, bridge, default_ttl_minutes=self.default_ttl_minutes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import h11
 import trio
 
-from facades.asgi_serving import Handler, serve_asgi
+from facades.asgi_serving import PLAIN, Handler, Listening, serve_asgi
 from facades.sonya.app import SonyaApi
 from facades.sonya.longpolls import LongPolls
 from facades.sonya.socket_listeners import WebSocketListeners
@@ -22,6 +22,7 @@ async def serve_sonya(
     service_token: str | None = None,
     jwt_ttl_s: int = 60,
     longpoll_max_wait_s: float = 30.0,
+    listening: Listening = PLAIN,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API on ``host:port`` until ``shutdown`` is set (end the broadcast's listeners
@@ -34,4 +35,5 @@ async def serve_sonya(
     def takeover(request: h11.Request) -> Handler | None:
         return sockets.takeover(request) or polls.takeover(request)
 
-    await serve_asgi(app, host, port, shutdown, name="Sonya", takeover=takeover, task_status=task_status)
+    await serve_asgi(app, host, port, shutdown, name="Sonya", takeover=takeover, listening=listening,
+                     task_status=task_status)

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from facades.zaqar import http_input as inp
 from facades.zaqar import queues as store
 from facades.zaqar.admin import AdminHandlers
+from facades.zaqar.auth import TokenAuth, unauthorized, wrong_project
 from facades.zaqar.errors import (
     LIMIT_TEXT,
     UNABLE_TO_DELETE,
@@ -73,10 +74,12 @@ UNAVAILABLE = {
 class ZaqarApp(AdminHandlers):
     """Routes and handlers; ``asgi`` is the Starlette application to serve."""
 
-    def __init__(self, queues: ZaqarQueues, limits: Limits | None = None, default_project: str | None = None) -> None:
+    def __init__(self, queues: ZaqarQueues, limits: Limits | None = None, default_project: str | None = None,
+                 auth: TokenAuth | None = None) -> None:
         self.queues = queues
         self.limits = limits or Limits()
-        self.default_project = default_project
+        self.default_project = default_project if auth is None else None  # Z4: only without auth
+        self.auth = auth
         self.routes: list[tuple[re.Pattern[str], dict[str, Handler], bool]] = []
         self._add(r"/", {"GET": ZaqarApp.versions}, False)
         self._add(r"/v1\.1/", {"GET": ZaqarApp.home}, False)
@@ -107,7 +110,17 @@ class ZaqarApp(AdminHandlers):
 
     async def endpoint(self, request: Request) -> Response:
         reply_type: str | None = inp.JSON
+        token_project = None
+        if self.auth is not None:  # keystonemiddleware runs before any of Zaqar's checks
+            token_project = self.auth.project_of(request.headers.get("x-auth-token"))
+            if token_project is None:
+                return unauthorized(request.headers.get("host") or "localhost")
         try:
+            if token_project is not None:
+                asked = request.headers.get("x-project-id")
+                if asked is not None and asked != token_project:
+                    raise wrong_project(token_project, asked)
+                request.state.project = token_project
             reply_type = inp.response_type(request.headers.get("accept"))
             response = await self._serve(request, reply_type)
         except ZaqarError as err:
@@ -138,7 +151,8 @@ class ZaqarApp(AdminHandlers):
                                              "rel": "help"}})
         versioned = path.startswith(BASE + "/")
         client = inp.check_client_id(headers.get("client-id"), versioned)
-        project = inp.check_project(headers.get("x-project-id", self.default_project)) if versioned else ""
+        fixed = getattr(request.state, "project", None)  # the token's project (auth = "token")
+        project = inp.check_project(fixed or headers.get("x-project-id", self.default_project)) if versioned else ""
         for pattern, handlers, queue_route in self.routes:
             m = pattern.match(path)
             if m is None:

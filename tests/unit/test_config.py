@@ -834,3 +834,67 @@ def test_lua_limits(tmp_path: Path) -> None:
 )
 def test_lua_errors(tmp_path: Path, text: str, message: str) -> None:
     assert error(tmp_path, text).startswith(message)
+
+
+# -- security: TLS, tokens, limits ------------------------------------------------------------
+
+
+def test_tls_tokens_and_limits(tmp_path: Path) -> None:
+    for name in ("s.crt", "s.key", "ca.crt"):
+        write(tmp_path, f"certs/{name}", "pem")
+    config = load(tmp_path, """
+        [iproto]
+        max_connections = 100
+        max_waiting_takes_per_connection = 8
+        [iproto.tls]
+        cert_file = "certs/s.crt"
+        key_file = "certs/s.key"
+        ca_file = "certs/ca.crt"
+        ciphers = "ECDHE+AESGCM"
+        [deckard]
+        token = "t0k"
+        max_connections = 5
+        [deckard.tls]
+        cert_file = "certs/s.crt"
+        key_file = "certs/s.key"
+        ca_file = "certs/ca.crt"
+        client_auth = "optional"
+        [zaqar]
+        auth = "token"
+        tokens = [{ token = "a", project = "p1" }, { token = "b", project = "p2" }]
+        max_connections = 6
+        header_timeout_s = 2.5
+        [zaqar.tls]
+        cert_file = "certs/s.crt"
+        key_file = "certs/s.key"
+        [sonya]
+        [sonya.tls]
+        cert_file = "certs/s.crt"
+        key_file = "certs/s.key"
+    """)
+    tls = config.iproto.tls
+    assert tls is not None and tls.cert_file == tmp_path / "certs/s.crt" and tls.ca_file == tmp_path / "certs/ca.crt"
+    assert (tls.ciphers, tls.client_auth) == ("ECDHE+AESGCM", "require")
+    assert (config.iproto.max_connections, config.iproto.max_waiting_takes_per_connection) == (100, 8)
+    assert config.deckard is not None and config.deckard.token == "t0k" and config.deckard.max_connections == 5
+    assert config.deckard.tls is not None and config.deckard.tls.client_auth == "optional"
+    assert config.zaqar is not None and config.zaqar.auth == "token"
+    assert [(t.token, t.project) for t in config.zaqar.tokens] == [("a", "p1"), ("b", "p2")]
+    assert (config.zaqar.max_connections, config.zaqar.header_timeout_s) == (6, 2.5)
+    assert config.zaqar.tls is not None and config.zaqar.tls.ca_file is None
+    assert config.sonya is not None and config.sonya.tls is not None and config.sonya.max_connections is None
+
+
+def test_security_mistakes_name_the_key(tmp_path: Path) -> None:
+    write(tmp_path, "s.crt", "pem")
+    assert error(tmp_path, '[iproto.tls]\ncert_file = "s.crt"\n') == "x.toml:1: missing key 'key_file' in iproto.tls"
+    assert error(tmp_path, '[iproto.tls]\ncert_file = "s.crt"\nkey_file = "nope.key"\n') == (
+        f"x.toml:3: iproto.tls.key_file: cannot read {tmp_path}/nope.key")
+    assert error(tmp_path, '[zaqar.tls]\ncert_file = "s.crt"\nkey_file = "s.crt"\nclient_auth = "optional"\n') == (
+        "x.toml:4: unknown key 'client_auth' in zaqar.tls")
+    assert error(tmp_path, '[zaqar]\nauth = "token"\n') == (
+        'x.toml:2: zaqar.auth = "token" needs at least one entry in zaqar.tokens')
+    assert error(tmp_path, '[zaqar]\nauth = "keystone"\n') == 'x.toml:2: bad zaqar.auth: "keystone" (expected none or token)'
+    assert error(tmp_path, '[deckard]\ntoken = "has space"\n') == (
+        "x.toml:2: deckard.token must be non-empty visible ASCII (it is sent in a header)")
+    assert error(tmp_path, '[sonya]\nmax_connections = 0\n') == "x.toml:2: sonya.max_connections must be at least 1, not 0"

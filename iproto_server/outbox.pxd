@@ -1,0 +1,13 @@
+# C declarations of outbox.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+
+cdef class Outbox:
+    cdef public bytearray out
+    cdef public Py_ssize_t inflight
+    cdef public Py_ssize_t max_inflight
+    cdef public object sender_waiting
+    cdef public object reader_waiting
+
+    cpdef void reply_later(self, bytes packet)
+    cpdef void answered(self)
+    cpdef void wake_sender(self)
+    cpdef bytearray take(self)
