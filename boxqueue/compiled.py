@@ -38,6 +38,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.procedures",
     "spaces.space_procedures",
     "storage.keys",
+    "storage.redo",
     "tubes.box_queue",
     "tubes.engine_base",
     "tubes.producers",

@@ -232,13 +232,19 @@ class TomlReader:
 
     def wal(self, root: dict[str, Any]) -> WalConfig:
         path: Key = ("wal",)
-        t = self.table(root.get("wal", {}), path, {"mode"})
+        t = self.table(root.get("wal", {}), path, {"mode", "checkpoint_interval_s", "checkpoint_bytes"})
         mode = self.string(t, path, "mode", "fsync")
         if mode not in WAL_MODES:
             raise self.fail(
                 path + ("mode",), f"bad wal.mode: {show(mode)} (expected fsync, write or none)"
             )
-        return WalConfig(mode)
+        return WalConfig(
+            mode,
+            checkpoint_interval_s=self.number(
+                t, path, "checkpoint_interval_s", WalConfig.checkpoint_interval_s, minimum=0.001
+            ),
+            checkpoint_bytes=self.integer(t, path, "checkpoint_bytes", WalConfig.checkpoint_bytes, minimum=4096),
+        )
 
     def guest(self, root: dict[str, Any]) -> tuple[Grant, ...] | None:
         if "guest" not in root:

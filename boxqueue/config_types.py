@@ -124,6 +124,8 @@ class IprotoConfig:
 @dataclass(frozen=True)
 class WalConfig:
     mode: str = "fsync"  # fsync | write | none
+    checkpoint_interval_s: float = 5.0  # fsync mode: LMDB flushed and the log trimmed this often
+    checkpoint_bytes: int = 16 << 20  # ... or as soon as the log's current segment is this big
 
 
 @dataclass(frozen=True)

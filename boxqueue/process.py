@@ -160,7 +160,13 @@ class Server:
 
     async def run(self, *, task_status: trio.TaskStatus[Ports] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        storage = self.storage = Storage(config.data_dir, config.wal.mode)
+        wal = config.wal
+        storage = self.storage = Storage(
+            config.data_dir,
+            wal.mode,
+            checkpoint_interval_s=wal.checkpoint_interval_s,
+            checkpoint_bytes=wal.checkpoint_bytes,
+        )
         try:
             committer = GroupCommitter(storage, rejections=(BoxError,))
             catalog = self.catalog = Catalog(storage, committer, configure_access(config))

@@ -2,10 +2,16 @@
 
 A write is a function of the write transaction. :meth:`GroupCommitter.write` (or :meth:`submit`,
 with a callback) queues it; the committer task takes everything queued, runs it in one transaction
-on the event loop and commits. In ``fsync`` mode the commit, which writes and flushes the pages,
-runs in a worker thread while the event loop keeps serving reads and queueing the next batch, so
-the batch grows with the load and one flush covers many writes. A reply is sent only once the
-commit holding its write has returned.
+on the event loop and commits. A reply is sent only once the commit holding its write is durable
+as the mode says, and readers see a group only then (:meth:`Storage.committed`).
+
+In ``fsync`` mode the write functions get a :class:`storage.redo.RedoTxn`, which notes every
+change; the group's changes become one record of the write-ahead log (:mod:`storage.wal`). A
+worker thread appends the record and commits LMDB (without flushing it); then the log is flushed
+with one ``fdatasync`` in a worker thread while the event loop keeps serving reads and applies the
+next batch, so the batch grows with the load and one flush covers many writes. A background checkpoint (:meth:`checkpoint`)
+switches the log to a new segment, flushes LMDB and deletes the segments LMDB now holds. In
+``write`` and ``none`` modes there is no log and no flush: the commit runs on the event loop.
 
 The transaction is begun on the event loop thread and committed in a worker thread. LMDB's own
 writer lock would forbid that (a mutex must be released by the thread that took it), so the
@@ -22,12 +28,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import lmdb
 import trio
 
 from storage.environment import Storage, StorageError
+from storage.redo import RedoTxn
+from storage.wal import encode_record
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +60,8 @@ class _Write:
 
 
 class GroupCommitter:
-    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`)."""
+    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`),
+    which also owns the checkpoints of the write-ahead log."""
 
     def __init__(
         self,
@@ -64,10 +74,20 @@ class GroupCommitter:
         self._max_batch = max_batch
         self._pending: list[_Write] = []
         self._wakeup = trio.Event()
-        self._in_thread = storage.wal_mode == "fsync"
+        self._log = storage.log
+        self._names = storage.names
+        # Held from a group's append until it is flushed and answered, or by a checkpoint's
+        # switch of segments (a semaphore: the flusher task releases what the committer took).
+        self._log_free = trio.Semaphore(1)
+        self._flushing: tuple[lmdb.Transaction, bytes, int, list[_Write], trio.Event] | None = None
+        self._flush_wanted = trio.Event()
+        self._checkpoint_due = trio.Event()
+        self._checkpointed_lsn = storage.lsn
+        self._broken: StorageError | None = None
         self._closed = False
         self.batches = 0
         self.writes = 0
+        self.checkpoints = 0
 
     async def write(
         self,
@@ -115,7 +135,24 @@ class GroupCommitter:
         self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            if self._log is not None:
+                # What was written before the committer ran (the catalogue's start-up writes)
+                # went to LMDB unlogged: flush it before any logged group depends on it.
+                await trio.to_thread.run_sync(self._storage.sync)
+                nursery.start_soon(self._flusher)
+                nursery.start_soon(self._checkpoints)
+            task_status.started()
+            try:
+                await self._commit_loop()
+            finally:
+                self._stop_flusher()
+                nursery.cancel_scope.cancel()
+                log.info(
+                    "group commit: %d writes in %d groups, %d checkpoints", self.writes, self.batches, self.checkpoints
+                )
+
+    async def _commit_loop(self) -> None:
         try:
             while True:
                 if not self._pending:
@@ -129,6 +166,9 @@ class GroupCommitter:
             with trio.CancelScope(shield=True):
                 while self._pending:
                     await self._commit(self._next_batch())
+                if self._log is not None:  # the last group's flush and replies
+                    async with self._log_free:
+                        pass
 
     def _next_batch(self) -> list[_Write]:
         pending = self._pending
@@ -144,16 +184,26 @@ class GroupCommitter:
         return batch
 
     async def _commit(self, batch: list[_Write]) -> None:
+        """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
         try:
+            if self._broken is not None:
+                raise self._broken
             txn = self._apply(batch)
             if txn is None:
                 await self._one_by_one(batch)
+            elif type(txn) is RedoTxn:
+                if await self._log_group(txn, batch):
+                    return
             else:
-                await self._flush(txn)
+                _commit_unlogged(txn)
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
             for item in batch:
                 if item.error is None:
                     item.error = _as_storage_error(exc)
+        self._finish(batch)
+
+    def _finish(self, batch: list[_Write]) -> None:
+        """The batch is durable (or failed): readers see it, hooks run, writers are answered."""
         self._storage.committed()
         self.batches += 1
         self.writes += len(batch)
@@ -169,9 +219,14 @@ class GroupCommitter:
             except Exception:
                 log.exception("write completion callback failed")
 
-    def _apply(self, batch: list[_Write]) -> lmdb.Transaction | None:
-        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+    def _begin(self) -> Any:
+        """A write transaction: a redo-noting one when there is a log."""
         txn = self._storage.env.begin(write=True)
+        return txn if self._log is None else RedoTxn(txn, self._names)
+
+    def _apply(self, batch: list[_Write]) -> Any:
+        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+        txn = self._begin()
         try:
             for item in batch:
                 try:
@@ -179,41 +234,177 @@ class GroupCommitter:
                 except self._rejections as exc:
                     item.error = exc
         except Exception:
-            txn.abort()
+            _abort(txn)
             log.exception("a write failed half-way; retrying the batch one write at a time")
             return None
         return txn
 
-    async def _flush(self, txn: lmdb.Transaction) -> None:
-        """Commit; in fsync mode the commit (page writes and flushes) runs in a worker thread, which
-        takes the GIL once at the end instead of competing for it on every call."""
+    # -- the logged path (fsync mode) ----------------------------------------------------------
+    #
+    # A group goes through three steps: applied on the event loop (its RedoTxn); then, in one
+    # worker thread call made by the flusher task, appended to the log and committed to LMDB
+    # (without flushing LMDB), and the log flushed. As soon as LMDB has the group the thread
+    # tells the event loop (``committed``), which applies the next batch while the flush
+    # runs. The next group's append waits for that flush and the replies (``_log_free``), so
+    # groups are answered in order, and readers, which move on only when a group is answered,
+    # never see a group that is not on disk. A checkpoint's switch of segments takes
+    # ``_log_free`` too.
+
+    async def _log_group(self, txn: RedoTxn, batch: list[_Write], *, alone: bool = False) -> bool:
+        """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
+        flusher answers it. ``alone``: append, commit and flush here, and let the caller answer."""
+        raw = txn.txn
+        if not txn.ops:  # nothing changed: nothing to log. What the writes read must be durable.
+            async with self._log_free:
+                _commit_unlogged(raw)
+            return False
+        lsn = self._storage.lsn + 1
+        self._storage.note_lsn(raw, lsn)
+        record = encode_record(lsn, txn.encode())
+        await self._log_free.acquire()
+        if self._broken is not None:
+            self._log_free.release()
+            raw.abort()
+            raise self._broken
+        if alone:
+            try:
+                await trio.to_thread.run_sync(self._write_group, raw, record, lsn, None)
+            finally:
+                self._log_free.release()
+            return False
+        committed = trio.Event()
+        self._flushing = (raw, record, lsn, batch, committed)
+        self._flush_wanted.set()
+        await committed.wait()
+        return True
+
+    def _write_group(
+        self, raw: lmdb.Transaction, record: bytes, lsn: int, committed: Callable[[], None] | None
+    ) -> None:
+        """In a worker thread: write the record, commit LMDB, say so (``committed``, which must
+        be safe to call from a thread), flush the log. A group that fails to commit takes its
+        record back out."""
+        wal = self._log
+        start = wal.size
         try:
-            if self._in_thread:
-                await trio.to_thread.run_sync(txn.commit)
-            else:
-                txn.commit()
+            wal.append(record)
+        except OSError as exc:
+            raw.abort()
+            raise StorageError(f"cannot write the write-ahead log: {exc}") from exc
+        try:
+            raw.commit()
         except lmdb.Error as exc:
+            try:
+                wal.cut_back(start)
+            except OSError as cut:
+                self._broken = StorageError(f"cannot take a failed group out of the write-ahead log: {cut}")
             raise StorageError(f"commit failed: {exc}") from exc
+        self._storage.lsn = lsn
+        if committed is not None:
+            committed()
+        try:
+            wal.sync()
+        except OSError as exc:
+            # Whether the record reached the disk is unknown, and LMDB already holds the group:
+            # no later write may be acknowledged on top of that (as PostgreSQL, stop writing).
+            self._broken = StorageError(f"the write-ahead log could not be flushed ({exc}); restart the server")
+            raise self._broken from exc
+
+    async def _flusher(self) -> None:
+        """Writes, commits and flushes each group handed to it, then answers it. Shielded: it
+        stops when the commit loop says so (:meth:`_stop_flusher`), after its last group."""
+        token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope(shield=True):
+            while True:
+                await self._flush_wanted.wait()
+                self._flush_wanted = trio.Event()
+                group = self._flushing
+                self._flushing = None
+                if group is None:
+                    return
+                raw, record, lsn, batch, committed = group
+                try:
+                    await trio.to_thread.run_sync(
+                        self._write_group, raw, record, lsn, partial(token.run_sync_soon, committed.set)
+                    )
+                except BaseException as exc:
+                    for item in batch:
+                        if item.error is None:
+                            item.error = _as_storage_error(exc)
+                committed.set()  # (already, unless the group failed before LMDB had it)
+                self._finish(batch)
+                self._log_free.release()
+                if self._log.size >= self._storage.checkpoint_bytes:
+                    self._checkpoint_due.set()
+
+    def _stop_flusher(self) -> None:
+        self._flushing = None
+        self._flush_wanted.set()
 
     async def _one_by_one(self, batch: list[_Write]) -> None:
-        env = self._storage.env
         for item in batch:
             item.result = item.error = None
-            txn = env.begin(write=True)
+            txn = self._begin()
             try:
                 item.result = item.fn(txn)
             except self._rejections as exc:
                 item.error = exc
-                txn.abort()
+                _abort(txn)
                 continue
             except Exception as exc:
                 item.error = _as_storage_error(exc)
-                txn.abort()
+                _abort(txn)
                 continue
             try:
-                await self._flush(txn)
+                if type(txn) is RedoTxn:
+                    await self._log_group(txn, [item], alone=True)
+                else:
+                    _commit_unlogged(txn)
             except StorageError as exc:
                 item.error = exc
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def _checkpoints(self) -> None:
+        interval = self._storage.checkpoint_interval_s
+        while True:
+            with trio.move_on_after(interval):
+                await self._checkpoint_due.wait()
+            self._checkpoint_due = trio.Event()
+            if self._storage.lsn > self._checkpointed_lsn:
+                try:
+                    await self.checkpoint()
+                except (OSError, lmdb.Error):
+                    log.exception("checkpoint failed; the write-ahead log is kept and it will be tried again")
+
+    async def checkpoint(self) -> None:
+        """Switch the log to a new segment, flush LMDB, delete the segments it made redundant.
+
+        Groups go on committing meanwhile (LMDB's flush covers at least every group committed
+        before the switch); only the switch waits for the group being flushed.
+        """
+        wal = self._log
+        if wal is None:
+            return
+        async with self._log_free:
+            target = self._storage.lsn
+            await trio.to_thread.run_sync(wal.rotate, target + 1)
+        await trio.to_thread.run_sync(self._storage.sync)
+        async with self._log_free:
+            await trio.to_thread.run_sync(wal.discard_through, target)
+        self._checkpointed_lsn = target
+        self.checkpoints += 1
+
+
+def _commit_unlogged(txn: lmdb.Transaction) -> None:
+    try:
+        txn.commit()
+    except lmdb.Error as exc:
+        raise StorageError(f"commit failed: {exc}") from exc
+
+
+def _abort(txn: Any) -> None:
+    (txn.txn if type(txn) is RedoTxn else txn).abort()
 
 
 def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:

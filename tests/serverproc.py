@@ -53,6 +53,7 @@ class ServerProcess:
     workdir: Path
     extra_config: str = ""
     wal_mode: str = "fsync"
+    wal_config: str = ""  # more [wal] keys, one per line
     read_only: bool = True
     port: int = field(default_factory=free_port)
     ro_port: int = field(default_factory=free_port)
@@ -76,6 +77,7 @@ class ServerProcess:
             f"{ro}"
             "[wal]\n"
             f'mode = "{self.wal_mode}"\n'
+            f"{self.wal_config}\n"
             f"{self.extra_config}\n"
         )
 

@@ -607,6 +607,19 @@ def test_bad_wal_mode(tmp_path: Path) -> None:
     )
 
 
+def test_wal_checkpoint_keys(tmp_path: Path) -> None:
+    default = load(tmp_path, "[wal]\n").wal
+    assert (default.checkpoint_interval_s, default.checkpoint_bytes) == (5.0, 16 << 20)
+    wal = load(tmp_path, "[wal]\ncheckpoint_interval_s = 0.5\ncheckpoint_bytes = 65536\n").wal
+    assert (wal.mode, wal.checkpoint_interval_s, wal.checkpoint_bytes) == ("fsync", 0.5, 65536)
+    assert error(tmp_path, "[wal]\ncheckpoint_interval_s = 0\n") == (
+        "x.toml:2: wal.checkpoint_interval_s must be at least 0.001"
+    )
+    assert error(tmp_path, "[wal]\ncheckpoint_bytes = 10\n") == (
+        "x.toml:2: wal.checkpoint_bytes must be at least 4096, not 10"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

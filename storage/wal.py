@@ -1,0 +1,299 @@
+"""The write-ahead log: an append-only, checksummed file of redo records in front of LMDB.
+
+In ``fsync`` mode every group of writes is one record, appended and flushed with one
+``fdatasync`` before any of its writers is answered; LMDB is then committed without flushing and
+is flushed in the background by checkpoints (:mod:`storage.commit`). The log lives in the data
+directory, ``<data_dir>/wal/``, as segments named by the first LSN they hold
+(``00000000000000000042.wal``).
+
+Segment layout: the 8 bytes :data:`FILE_MAGIC`, then records, each
+
+====== ======= ===============================================================
+bytes  type    meaning
+====== ======= ===============================================================
+4      bytes   :data:`RECORD_MAGIC`
+4      u32 le  payload length
+8      u64 le  LSN (log sequence number: one per group, consecutive)
+4      u32 le  CRC-32 (zlib) of the 16 bytes above and the payload
+n      bytes   payload: the group's redo operations (:mod:`storage.redo`)
+====== ======= ===============================================================
+
+Reading (:class:`LogReader`) stops at the first record that is short, has a bad magic, length
+or checksum. If no valid record follows it anywhere in the log, it is the torn tail of an append
+that never completed (a kill or a crash during the write; its writers were never answered) and the
+log ends cleanly there. If a valid record does follow, the damage is in the middle of the log,
+where acknowledged writes live, and reading fails with :class:`WalCorruption`. LSNs must be
+consecutive across segments; a gap is corruption too.
+
+Checkpoints (:meth:`WriteAheadLog.rotate` then :meth:`WriteAheadLog.discard_through`): switch
+appends to a new segment, flush LMDB, then delete every segment wholly at or below the LSN LMDB
+held when the switch happened.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+FILE_MAGIC = b"BQWAL\x00\x00\x01"
+RECORD_MAGIC = b"BQr\x01"
+_PREFIX = struct.Struct("<4sIQ")  # magic, payload length, lsn: what the CRC covers first
+_CRC = struct.Struct("<I")
+HEADER_SIZE = _PREFIX.size + _CRC.size
+MAX_PAYLOAD = 1 << 30
+SUFFIX = ".wal"
+
+
+class WalError(Exception):
+    """The log cannot be used (unreadable directory, a segment that is not ours)."""
+
+
+class WalCorruption(WalError):
+    """The log is damaged where acknowledged writes live: replay would lose or invent data."""
+
+
+def encode_record(lsn: int, payload: bytes) -> bytes:
+    """One framed record."""
+    prefix = _PREFIX.pack(RECORD_MAGIC, len(payload), lsn)
+    return prefix + _CRC.pack(zlib.crc32(payload, zlib.crc32(prefix))) + payload
+
+
+def segment_name(first_lsn: int) -> str:
+    return f"{first_lsn:020d}{SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    """The segments in ``directory``, oldest first, as (first LSN, path)."""
+    found = []
+    if not directory.is_dir():
+        return found
+    for entry in directory.iterdir():
+        stem = entry.name[: -len(SUFFIX)]
+        if entry.name.endswith(SUFFIX) and len(stem) == 20 and stem.isdigit():
+            found.append((int(stem), entry))
+    found.sort()
+    return found
+
+
+def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[tuple[int, memoryview]], int, str | None]:
+    """The valid records of ``data`` from ``offset`` on, as (LSN, payload); the offset where they
+    end; and, if that is not the end of ``data``, what is wrong there."""
+    view = memoryview(data)
+    size = len(view)
+    records: list[tuple[int, memoryview]] = []
+    while offset < size:
+        problem = _check_record(view, offset)
+        if problem is not None:
+            return records, offset, problem
+        _magic, length, lsn = _PREFIX.unpack_from(view, offset)
+        start = offset + HEADER_SIZE
+        records.append((lsn, view[start : start + length]))
+        offset = start + length
+    return records, offset, None
+
+
+def _check_record(view: memoryview, offset: int) -> str | None:
+    """Why the record at ``offset`` is not a valid one, or None."""
+    size = len(view)
+    if size - offset < HEADER_SIZE:
+        return f"{size - offset} bytes, less than a record header"
+    magic, length, _lsn = _PREFIX.unpack_from(view, offset)
+    if magic != RECORD_MAGIC:
+        return "no record magic"
+    if length > MAX_PAYLOAD:
+        return f"implausible record length {length}"
+    start = offset + HEADER_SIZE
+    if start + length > size:
+        return f"record of {length} bytes cut short at {size - start}"
+    (crc,) = _CRC.unpack_from(view, offset + _PREFIX.size)
+    if zlib.crc32(view[start : start + length], zlib.crc32(view[offset : offset + _PREFIX.size])) != crc:
+        return "checksum mismatch"
+    return None
+
+
+def first_valid_record(data: bytes, offset: int) -> int | None:
+    """The offset of the first valid record at or after ``offset`` (searching by magic), or None."""
+    view = memoryview(data)
+    at = data.find(RECORD_MAGIC, offset)
+    while at != -1:
+        if _check_record(view, at) is None:
+            return at
+        at = data.find(RECORD_MAGIC, at + 1)
+    return None
+
+
+class LogReader:
+    """Reads every segment of a log directory in LSN order (see the module docstring).
+
+    Iterate :meth:`records` for (LSN, payload) of each record after ``after_lsn``; afterwards
+    ``last_lsn`` is the last valid LSN in the log (``after_lsn`` if none is higher) and ``torn``
+    describes a torn tail that ended it, if any.
+    """
+
+    def __init__(self, directory: Path, after_lsn: int) -> None:
+        self.directory = directory
+        self.after_lsn = after_lsn
+        self.last_lsn = after_lsn
+        self.torn: str | None = None
+        self.segments = list_segments(directory)
+
+    def records(self) -> Iterator[tuple[int, memoryview]]:
+        expected: int | None = None
+        segments = self.segments
+        for index, (first_lsn, path) in enumerate(segments):
+            data = _read(path)
+            later = segments[index + 1 :]
+            if len(data) < len(FILE_MAGIC):
+                if data != FILE_MAGIC[: len(data)] or _any_record_in(later):
+                    raise WalCorruption(f"{path}: truncated segment header with log segments after it")
+                self.torn = f"{path}: segment header cut short at {len(data)} bytes"
+                return
+            if data[: len(FILE_MAGIC)] != FILE_MAGIC:
+                raise WalError(f"{path}: not a boxqueue log segment")
+            records, end, problem = parse_records(data, len(FILE_MAGIC))
+            if problem is not None:
+                if first_valid_record(data, end + 1) is not None or _any_record_in(later):
+                    raise WalCorruption(
+                        f"{path}: damaged record at byte {end} ({problem}) with valid records after it"
+                    )
+            if records and records[0][0] != first_lsn:
+                raise WalCorruption(f"{path}: first record has LSN {records[0][0]}, the name says {first_lsn}")
+            for lsn, payload in records:
+                if expected is None:
+                    if lsn > self.after_lsn + 1:
+                        raise WalCorruption(
+                            f"{path}: the log begins at LSN {lsn} but the database holds only up to"
+                            f" {self.after_lsn}: records {self.after_lsn + 1}..{lsn - 1} are missing"
+                        )
+                elif lsn != expected:
+                    raise WalCorruption(f"{path}: LSN {lsn} where {expected} was expected")
+                expected = lsn + 1
+                if lsn > self.after_lsn:
+                    self.last_lsn = lsn
+                    yield lsn, payload
+            if problem is not None:
+                self.torn = f"{path}: torn record at byte {end} ({problem})"
+                return
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise WalError(f"cannot read {path}: {exc}") from exc
+
+
+def _any_record_in(segments: list[tuple[int, Path]]) -> bool:
+    for _lsn, path in segments:
+        data = _read(path)
+        if first_valid_record(data, 0) is not None:
+            return True
+    return False
+
+
+class WriteAheadLog:
+    """The segment being appended to, and the older ones a checkpoint has yet to delete.
+
+    Not thread-safe: the group committer calls :meth:`append`, :meth:`sync`, :meth:`rotate`
+    from one worker thread at a time (it holds a lock around them).
+    """
+
+    def __init__(self, directory: Path, first_lsn: int) -> None:
+        """Start a new segment for ``first_lsn``; segments already in ``directory`` are kept (they
+        are older: :meth:`discard_through` deletes them)."""
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.segments = [(lsn, path) for lsn, path in list_segments(directory) if lsn < first_lsn]
+        self._fd = -1
+        self.size = 0
+        self.first_lsn = first_lsn
+        self._open_segment(first_lsn)
+
+    def _open_segment(self, first_lsn: int) -> None:
+        path = self.directory / segment_name(first_lsn)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, FILE_MAGIC)
+            os.fdatasync(fd)
+            _sync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self.size = len(FILE_MAGIC)
+        self.first_lsn = first_lsn
+        self.segments.append((first_lsn, path))
+
+    def append(self, record: bytes) -> None:
+        """Write ``record`` at the end of the current segment (not flushed). On failure the
+        segment is cut back to where it was, so a later append does not follow a fragment."""
+        start = self.size
+        try:
+            _write_all(self._fd, record)
+        except BaseException:
+            self.cut_back(start)
+            raise
+        self.size = start + len(record)
+
+    def cut_back(self, size: int) -> None:
+        """Forget what was appended after ``size`` (a record whose group was not committed)."""
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def rotate(self, first_lsn: int) -> bool:
+        """Switch appends to a new segment starting at ``first_lsn`` (the current one must be
+        flushed). False, and nothing done, if the current segment holds no record yet."""
+        if self.size <= len(FILE_MAGIC):
+            return False
+        self._open_segment(first_lsn)
+        return True
+
+    def discard_through(self, lsn: int) -> int:
+        """Delete the segments (other than the current one) whose records are all at or below
+        ``lsn``; LMDB must be flushed up to ``lsn``. Returns how many were deleted."""
+        keep: list[tuple[int, Path]] = []
+        deleted = 0
+        for i, (first, path) in enumerate(self.segments):
+            following = self.segments[i + 1][0] if i + 1 < len(self.segments) else None
+            if following is not None and following - 1 <= lsn:
+                path.unlink(missing_ok=True)
+                deleted += 1
+            else:
+                keep.append((first, path))
+        self.segments = keep
+        return deleted
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def retire(self) -> None:
+        """Close and delete every segment: LMDB holds and has flushed everything they hold."""
+        self.close()
+        for _lsn, path in self.segments:
+            path.unlink(missing_ok=True)
+        self.segments = []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
