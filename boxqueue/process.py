@@ -8,8 +8,9 @@ lets the group committer commit what is queued and closes LMDB.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -26,6 +27,9 @@ from iproto_server.request_stats import RequestStats
 from iproto_server.server import IprotoServer
 from iproto_server.session import Session
 from lua_box.engine import LuaEngine, LuaLimits
+from measures import Histogram, RequestMeter
+from metrics.app import serve_metrics
+from metrics.observed import READY, RECOVERING, STOPPING, Observed
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.definitions import FieldDef
@@ -51,7 +55,28 @@ class Ports:
     iproto: int | None = None
     read_only: int | None = None
     admin: int | None = None
-    extra: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)  # deckard, zaqar, sonya, metrics
+
+
+def metered_statements(run: Callable[..., Awaitable[Any]], meter: RequestMeter) -> Callable[..., Awaitable[Any]]:
+    """The console's statement runner, counting each statement (ok, or its error code) in ``meter``."""
+
+    async def run_statement(ctx: Any, line: str, set_delimiter: Callable[[str], None]) -> Any:
+        started = meter.begin()
+        outcome = None
+        try:
+            outcome = await run(ctx, line, set_delimiter)
+            return outcome
+        finally:
+            error = None if outcome is not None and outcome.ok else getattr(outcome, "error", None)
+            if outcome is not None and outcome.ok:
+                meter.record("statement", started)
+            elif error is not None:
+                meter.record("statement", started, str(error.code), error.message)
+            else:
+                meter.record("statement", started, "exception", "the statement was interrupted")
+
+    return run_statement
 
 
 def configure_access(config: Config) -> acl.AccessControl:
@@ -126,6 +151,7 @@ class Server:
         self.config = config
         self.handle_signals = handle_signals
         self.ports = Ports()
+        self.observed = Observed()  # what the metrics listener reads, filled in as parts start
         self._stop = trio.Event()
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
@@ -147,11 +173,37 @@ class Server:
                 return
 
     async def run(self, *, task_status: trio.TaskStatus[Ports] = trio.TASK_STATUS_IGNORED) -> None:
+        """The metrics listener starts first, so it can report "recovering" while storage opens
+        and the engine rebuilds its tubes; it stops last."""
         config = self.config
-        storage = self.storage = Storage(config.data_dir, config.wal.mode)
+        access = configure_access(config)
+        metrics_stop = trio.Event()
+        async with trio.open_nursery() as outermost:
+            if config.metrics is not None:
+                listen = config.metrics.listen
+                self.ports.extra["metrics"] = await outermost.start(
+                    lambda task_status: serve_metrics(
+                        self.observed, listen.host, listen.port, metrics_stop,
+                        access=access if config.users else None, public=config.metrics.public,
+                        task_status=task_status,
+                    )
+                )
+            try:
+                await self._serve(access, task_status)
+            finally:
+                self.observed.state = STOPPING
+                metrics_stop.set()
+
+    async def _serve(self, access: acl.AccessControl, task_status: trio.TaskStatus[Ports]) -> None:
+        config = self.config
+        observed = self.observed
+        # Off the event loop: opening may take a while (a log to replay) and the metrics answer meanwhile.
+        storage = self.storage = await trio.to_thread.run_sync(Storage, config.data_dir, config.wal.mode)
+        observed.storage = storage
         try:
             committer = GroupCommitter(storage, rejections=(BoxError,))
-            catalog = self.catalog = Catalog(storage, committer, configure_access(config))
+            catalog = self.catalog = Catalog(storage, committer, access)
+            observed.committer, observed.catalog = committer, catalog
             catalog.load()
             procedures = Procedures(catalog.functions)
             register_builtins(procedures, catalog)
@@ -169,9 +221,10 @@ class Server:
                 return await lua.eval(session.context, expr, args)
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
+            console_meter = observed.meter("console")
             console = ConsoleServer(
-                catalog, lua.console, require_login=bool(config.users),
-                max_statement_bytes=config.iproto.max_packet_bytes,
+                catalog, metered_statements(lua.console, console_meter), require_login=bool(config.users),
+                max_statement_bytes=config.iproto.max_packet_bytes, meter=console_meter,
             )
             self.procedures = procedures
             self.dispatcher = dispatcher
@@ -180,15 +233,19 @@ class Server:
                 dispatcher,
                 max_packet=config.iproto.max_packet_bytes,
                 max_inflight=config.iproto.max_inflight_per_connection,
+                # Latency per chunk costs two clock reads per chunk: only when someone looks.
+                latency=Histogram() if config.metrics is not None else None,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
             box_queue.register(procedures, engine)
+            observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await root.start(stats.run)
                 await root.start(lua.run)
+                observed.state = RECOVERING
                 await create_configured_spaces(catalog, config.spaces)
                 await self._own_spaces(engine)
                 await self._open_broadcast(engine)
@@ -202,6 +259,7 @@ class Server:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
                                     await self._start_listeners(listeners, connections, iproto, console)
+                                    observed.state = READY
                                     log.info("boxqueue is ready")
                                     task_status.started(self.ports)
                                     await self._stop.wait()
@@ -253,6 +311,7 @@ class Server:
             self.catalog, max_key_updates=sonya.max_key_updates, listener_buffer=sonya.listener_buffer
         )
         await broadcast.open()
+        self.observed.broadcast = broadcast
         for tube in sonya.task_events:  # S11: a tube's event queue exists with the tube
             await broadcast.create(tube)
         if sonya.task_events:
@@ -282,6 +341,7 @@ class Server:
                     stopping,
                     limits=Limits.configured(dict(zaqar.limits)),
                     default_project=zaqar.default_project,
+                    meter=self.observed.meter("zaqar"),
                     task_status=task_status,
                 )
             )
@@ -297,6 +357,7 @@ class Server:
                     service_token=sonya.service_token,
                     jwt_ttl_s=sonya.jwt_ttl_s,
                     longpoll_max_wait_s=sonya.longpoll_max_wait_s,
+                    meter=self.observed.meter("sonya"),
                     task_status=task_status,
                 )
             )
@@ -339,5 +400,6 @@ class Server:
                 deckard.listen.port,
                 default_ttl_minutes=deckard.default_ttl_minutes,
                 allow_flush=deckard.allow_flush,
+                meter=self.observed.meter("deckard"),
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)

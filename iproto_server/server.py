@@ -11,6 +11,7 @@ from iproto_server.connection import Connection
 from iproto_server.dispatch import Dispatcher
 from iproto_server.greeting import binary_greeting
 from iproto_server.session import Session
+from measures import Histogram
 from spaces.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class IprotoServer:
         max_packet: int = 16 * 1024 * 1024,
         max_inflight: int = 768,
         grace: float = 5.0,
+        latency: Histogram | None = None,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
@@ -34,6 +36,8 @@ class IprotoServer:
         self.max_inflight = max_inflight
         self.grace = grace
         self.connections: set[Connection] = set()
+        self.accepted = 0  # connections since start
+        self.latency = latency  # of every request on every connection (see Connection)
         self._no_connections = trio.Event()
         self._no_connections.set()
 
@@ -68,7 +72,9 @@ class IprotoServer:
         sid = await self.catalog.next_session_id()
         session = Session(sid, self.catalog.access.guest, peer_text, read_only)
         greeting, session.salt = binary_greeting(self.catalog.instance_uuid)
-        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight)
+        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight,
+                          self.latency)
+        self.accepted += 1
         self.connections.add(conn)
         self._no_connections = trio.Event()
         try:

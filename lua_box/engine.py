@@ -43,6 +43,7 @@ from errcodes import ER, BoxError
 from lua_box.operations import Job, Operations
 from lua_box.persisted_functions import PersistedFunctions
 from lua_box.persisted_users import PersistedUsers
+from lua_box.usage import LuaUsage
 from lua_box.values import LuaValues
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
@@ -107,6 +108,8 @@ class LuaEngine:
         self._user_functions = self._internal[b"user_functions"]
         self._collect = self._internal[b"collect"]
         self._ids = itertools.count(1)
+        self.usage = LuaUsage()
+        self._limit_text = f"Lua time limit exceeded ({limits.time_limit_s:g} s)"
         self._steps: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._token: trio.lowlevel.TrioToken | None = None
         self._lua_procedures: set[str] = set()
@@ -229,6 +232,8 @@ class LuaEngine:
                 if out[0] == "done":
                     finished = True
                     result: Outcome = out[1]
+                    self.usage.record(spent, None if result.ok else result.error, self._limit_text,
+                                      self._memory_message())
                     self._sync_functions(out[2])
                     return result
                 _, name, args = out
@@ -306,6 +311,10 @@ class LuaEngine:
             error = BoxError(ER.PROC_LUA, message=f"internal error: {type(exc).__name__}")
             error.console_value = error.message  # type: ignore[attr-defined]
             return ("done", Outcome(False, [], error), None)
+
+    def memory_used(self) -> int:
+        """Bytes the Lua runtime has allocated (for the metrics; read from any thread)."""
+        return self._lua.get_memory_used()
 
     def _memory_message(self) -> str:
         return f"Lua memory limit exceeded ({self.limits.memory_limit_bytes} bytes)"

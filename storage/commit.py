@@ -21,12 +21,14 @@ of its own: the faulty one fails alone.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import lmdb
 import trio
 
+from measures import BATCH_BOUNDS, Histogram
 from storage.environment import Storage, StorageError
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class GroupCommitter:
         self._closed = False
         self.batches = 0
         self.writes = 0
+        self.batch_sizes = Histogram(BATCH_BOUNDS)  # writes per commit
+        self.commit_seconds = Histogram()  # from a batch's start to its commit returning (flush included)
 
     async def write(
         self,
@@ -144,6 +148,7 @@ class GroupCommitter:
         return batch
 
     async def _commit(self, batch: list[_Write]) -> None:
+        started = time.perf_counter()
         try:
             txn = self._apply(batch)
             if txn is None:
@@ -157,6 +162,8 @@ class GroupCommitter:
         self._storage.committed()
         self.batches += 1
         self.writes += len(batch)
+        self.batch_sizes.observe(len(batch))
+        self.commit_seconds.observe(time.perf_counter() - started)
         for item in batch:
             if item.error is None and item.after_commit is not None:
                 try:

@@ -23,8 +23,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from facades.deckard.generated import deckard_service_pb2 as pb
+from facades.deckard.metering import MeteringInterceptor
 from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
+from measures import RequestMeter
 from tubes.engine import QueueEngine
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class DeckardFacade:
         default_ttl_minutes: int = 1440,
         allow_flush: bool = True,
         grace: float = GRACE_S,
+        meter: RequestMeter | None = None,
     ) -> None:
         self.engine = engine
         self.space_id = space_id
@@ -56,6 +59,7 @@ class DeckardFacade:
         self.default_ttl_minutes = default_ttl_minutes
         self.allow_flush = allow_flush
         self.grace = grace
+        self.meter = meter
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         calls_scope = trio.CancelScope(shield=True)  # closed by us, after the server has stopped
@@ -96,6 +100,7 @@ class DeckardFacade:
     def _server(self, bridge: TrioBridge, pool: futures.ThreadPoolExecutor) -> tuple[grpc.Server, health.HealthServicer]:
         server = grpc.server(
             pool,
+            interceptors=[MeteringInterceptor(self.meter)] if self.meter is not None else None,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import trio
 
 from facades.asgi_serving import serve_asgi
+from facades.http_meter import MeteredApp
 from facades.zaqar.app import ZaqarApp
 from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
+from measures import RequestMeter
 
 __all__ = ["Limits", "ZaqarApp", "serve_zaqar"]
 
@@ -20,8 +22,11 @@ async def serve_zaqar(
     *,
     limits: Limits | None = None,
     default_project: str | None = None,
+    meter: RequestMeter | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API on ``host:port`` until ``shutdown``; started() with the bound port."""
+    """Serve the API on ``host:port`` until ``shutdown``; started() with the bound port. With a
+    ``meter``, every request is counted in it (by handler name, status and time)."""
     app = ZaqarApp(queues, limits, default_project)
-    await serve_asgi(app.asgi, host, port, shutdown, name="Zaqar", task_status=task_status)
+    served = app.asgi if meter is None else MeteredApp(app.asgi, meter)
+    await serve_asgi(served, host, port, shutdown, name="Zaqar", task_status=task_status)
