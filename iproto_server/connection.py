@@ -197,11 +197,6 @@ class Connection:
         while self.outbox.out or self._sending:
             self.outbox.wake_sender()
             self._drained = trio.Event()
-        self.latency = latency
-        # Chunks whose writes are not all answered: (writes answered when its last one is, start, writes).
-        self._writes_of_chunks: deque[tuple[int, float, int]] = deque()
-        self._writes_submitted = 0
-        self._tasks_answered = 0  # the outbox counts every answer; these were tasks'
             await self._drained.wait()
 
     async def _send_pending(self) -> None:

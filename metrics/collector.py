@@ -124,7 +124,7 @@ class BoxqueueCollector(Collector):
             open_connections = list(iproto.connections)
             connections.add_metric(["iproto"], len(open_connections))
             accepted.add_metric(["iproto"], iproto.accepted)
-            in_progress.add_metric(["iproto"], sum(c.inflight for c in open_connections))
+            in_progress.add_metric(["iproto"], sum(c.outbox.inflight for c in open_connections))
             if iproto.latency is not None:
                 latencies.append((["iproto"], iproto.latency))
         for api in APIS:

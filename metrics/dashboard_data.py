@@ -3,6 +3,7 @@ short history of totals for the plots (one sample a second, kept for ten minutes
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
@@ -13,6 +14,8 @@ from metrics.collector import REQUEST_NAMES, lmdb_figures
 from metrics.observed import APIS, Observed
 from metrics.tube_rows import TubeRow, tube_rows
 from tubes.tube import TALLIES
+
+log = logging.getLogger(__name__)
 
 HISTORY_S = 600
 PAGE_SIZE = 50
@@ -29,7 +32,7 @@ def api_totals(o: Observed) -> dict[str, dict[str, Any]]:
         open_connections = list(iproto.connections)
         out["iproto"] = {
             "connections": len(open_connections), "accepted": iproto.accepted,
-            "in_progress": sum(c.inflight for c in open_connections),
+            "in_progress": sum(c.outbox.inflight for c in open_connections),
             "requests": sum(stats.by_type), "errors": stats.errors,
             "latency_sum": latency.sum if latency is not None else 0.0,
             "latency_count": latency.count if latency is not None else 0,
@@ -144,10 +147,17 @@ class Dashboard:
         return point
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """One history sample a second, until cancelled."""
+        """One history sample a second, until cancelled. A failing sample is logged and skipped:
+        what only draws the plots must never stop the server."""
         task_status.started()
+        failures = 0
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:
+                failures += 1
+                if failures <= 3:
+                    log.exception("the dashboard's history sample failed")
             await trio.sleep(1)
 
     def snapshot(self, *, query: str = "", sort: str = "name", page: int = 0, size: int = PAGE_SIZE,
