@@ -16,7 +16,6 @@ from tests.integration.queue_fixtures import QUEUE_SPACE_0
 from tests.serverproc import ServerProcess, free_port
 
 
-
 @pytest.fixture
 def served(tmp_path):
     metrics_port, zaqar_port = free_port(), free_port()
