@@ -13,12 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector, generate_latest
+from prometheus_client.core import Metric
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -27,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from facades.asgi_serving import serve_asgi
 from metrics.auth import BasicAuth
-from metrics.collector import BoxqueueCollector
+from metrics.collector import BoxqueueCollector, tube_families
 from metrics.dashboard_data import PAGE_SIZE, Dashboard
 from metrics.observed import Observed
 
@@ -36,12 +32,14 @@ log = logging.getLogger(__name__)
 EVENT_INTERVAL_S = 1.0
 
 
-def registry_for(observed: Observed) -> CollectorRegistry:
-    """Our collector and prometheus_client's process collector (CPU, memory, open files)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoxqueueCollector(observed))
-    ProcessCollector(registry=registry)
-    return registry
+class _Collected:
+    """Families already collected, in the shape ``generate_latest`` reads (a ``collect()``)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class MetricsApp:
@@ -49,7 +47,9 @@ class MetricsApp:
         self.observed = observed
         self.dashboard = dashboard
         self.stopping = stopping
-        self.registry = registry_for(observed)
+        self.collector = BoxqueueCollector(observed)
+        self.process = ProcessCollector(registry=None)  # CPU, memory, open files of this process
+        self.limiter = trio.CapacityLimiter(1)  # one scrape written at a time; others queue
 
     def asgi(self, access: Any = None, public: bool = False) -> Any:
         app = Starlette(routes=[
@@ -63,7 +63,18 @@ class MetricsApp:
         return BasicAuth(app, access, frozenset({"/metrics"}) if public else frozenset())
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        """The figures are read on the event loop (the tubes a thousand at a time, with a yield
+        between); the families are built and written in a worker thread (with 10,000 tubes that
+        is most of the cost), so requests keep being served meanwhile."""
+        fixed = list(self.collector.collect_fixed())
+        rows, totals = await self.collector.read_tubes_paced()
+
+        def write() -> bytes:
+            families = fixed + list(tube_families(rows, totals)) + list(self.process.collect())
+            return generate_latest(_Collected(families))  # type: ignore[arg-type]
+
+        body = await trio.to_thread.run_sync(write, limiter=self.limiter)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     def _view(self, request: Request) -> dict[str, Any]:
         query = request.query_params

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from measures import Histogram
 from metrics.observed import APIS, READY, RECOVERING, STARTING, STOPPING, Observed
-from metrics.tube_rows import STATES, tube_rows
+from metrics.tube_rows import STATES, TubeRow, tube_rows, tube_rows_paced
 from tubes.tube import TALLIES
 
 # Request types by name, as box.stat() and tnt_stats_op_total show them; PING, ID and the others
@@ -54,14 +54,43 @@ class BoxqueueCollector(Collector):
         self.observed = observed
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.collect_fixed()
+        yield from tube_families(*self.read_tubes())
+
+    def collect_fixed(self) -> Iterator[Metric]:
+        """Every family except the per-tube ones: a few hundred samples whatever the load."""
         o = self.observed
         yield from self._state(o)
         yield from self._apis(o)
         yield from self._storage(o)
-        yield from self._tubes(o)
         yield from self._lua(o)
         yield from self._sonya(o)
         yield from self._plugged(o)
+
+    def read_totals(self) -> list[tuple[str, list[int]]]:
+        o = self.observed
+        if o.engine is None or o.catalog is None:
+            return []
+        totals = []
+        for sid, tally in sorted(o.engine.tallies.items()):
+            space = o.catalog.spaces.get(sid)
+            totals.append((space.name if space is not None else str(sid), list(tally)))
+        return totals
+
+    def read_tubes(self) -> tuple[list[TubeRow], list[tuple[str, list[int]]]]:
+        """The tubes' figures, copied; :func:`tube_families` turns them into families anywhere,
+        a worker thread included (with 10,000 tubes that is most of a scrape)."""
+        o = self.observed
+        if o.engine is None or o.catalog is None:
+            return [], []
+        return tube_rows(o.engine, o.catalog), self.read_totals()
+
+    async def read_tubes_paced(self) -> tuple[list[TubeRow], list[tuple[str, list[int]]]]:
+        """:meth:`read_tubes`, yielding to the event loop every thousand tubes."""
+        o = self.observed
+        if o.engine is None or o.catalog is None:
+            return [], []
+        return await tube_rows_paced(o.engine, o.catalog), self.read_totals()
 
     # -- the process -----------------------------------------------------------------------
 
@@ -198,44 +227,6 @@ class BoxqueueCollector(Collector):
 
     # -- tubes -----------------------------------------------------------------------------
 
-    def _tubes(self, o: Observed) -> Iterator[Metric]:
-        engine = o.engine
-        if engine is None or o.catalog is None:
-            return
-        labels = ["space", "tube", "kind"]
-        tasks = GaugeMetricFamily("boxqueue_tube_tasks", "Tasks of a tube by state", labels=[*labels, "state"])
-        shown = ("puts", "takes", "acks", "releases", "buries", "expiries")
-        counters = [
-            CounterMetricFamily(f"boxqueue_tube_{name}", f"Tasks of a tube: {name} since the tube was loaded",
-                                labels=labels)
-            for name in shown
-        ]
-        waiting = GaugeMetricFamily("boxqueue_tube_waiting_takes", "Takes waiting for a task", labels=labels)
-        oldest = GaugeMetricFamily("boxqueue_tube_oldest_ready_age_seconds",
-                                   "Age of the oldest ready task (0: none ready)", labels=labels)
-        picks = [TALLIES.index(name) for name in shown]
-        for row in tube_rows(engine, o.catalog):
-            values = [row.space, row.tube, row.kind]
-            for state, count in zip(STATES, row.counts, strict=True):
-                tasks.add_metric([*values, state], count)
-            for family, index in zip(counters, picks, strict=True):
-                family.add_metric(values, row.tally[index])
-            waiting.add_metric(values, row.waiting)
-            oldest.add_metric(values, row.oldest_ready_s)
-        yield tasks
-        yield from counters
-        yield waiting
-        yield oldest
-        totals = CounterMetricFamily("boxqueue_space_tasks", "What happened to the tasks of a queue space since "
-                                     "start, by event (never reset, unlike a tube's counters)",
-                                     labels=["space", "event"])
-        for sid, tally in sorted(engine.tallies.items()):
-            space = o.catalog.spaces.get(sid)
-            name = space.name if space is not None else str(sid)
-            for event, count in zip(TALLIES, tally, strict=True):
-                totals.add_metric([name, event], count)
-        yield totals
-
     # -- Lua and Sonya ---------------------------------------------------------------------
 
     def _lua(self, o: Observed) -> Iterator[Metric]:
@@ -289,3 +280,39 @@ def lmdb_figures(storage: Any) -> dict[str, int]:
     except OSError:
         file_bytes = 0
     return {"map_size": info["map_size"], "used": (info["last_pgno"] + 1) * page, "file": file_bytes}
+
+
+def tube_families(rows: list[TubeRow], totals: list[tuple[str, list[int]]]) -> Iterator[Metric]:
+    """Per tube: tasks by state, what happened to its tasks, waiting takes, the oldest ready
+    task's age; per queue space: the totals, which never restart."""
+    labels = ["space", "tube", "kind"]
+    tasks = GaugeMetricFamily("boxqueue_tube_tasks", "Tasks of a tube by state", labels=[*labels, "state"])
+    shown = ("puts", "takes", "acks", "releases", "buries", "expiries")
+    counters = [
+        CounterMetricFamily(f"boxqueue_tube_{name}", f"Tasks of a tube: {name} since the tube was loaded",
+                            labels=labels)
+        for name in shown
+    ]
+    waiting = GaugeMetricFamily("boxqueue_tube_waiting_takes", "Takes waiting for a task", labels=labels)
+    oldest = GaugeMetricFamily("boxqueue_tube_oldest_ready_age_seconds",
+                               "Age of the oldest ready task (0: none ready)", labels=labels)
+    picks = [TALLIES.index(name) for name in shown]
+    for row in rows:
+        values = [row.space, row.tube, row.kind]
+        for state, count in zip(STATES, row.counts, strict=True):
+            tasks.add_metric([*values, state], count)
+        for family, index in zip(counters, picks, strict=True):
+            family.add_metric(values, row.tally[index])
+        waiting.add_metric(values, row.waiting)
+        oldest.add_metric(values, row.oldest_ready_s)
+    yield tasks
+    yield from counters
+    yield waiting
+    yield oldest
+    by_space = CounterMetricFamily("boxqueue_space_tasks", "What happened to the tasks of a queue space since "
+                                   "start, by event (never reset, unlike a tube's counters)",
+                                   labels=["space", "event"])
+    for name, tally in totals:
+        for event, count in zip(TALLIES, tally, strict=True):
+            by_space.add_metric([name, event], count)
+    yield by_space

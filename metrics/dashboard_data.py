@@ -12,8 +12,9 @@ import trio
 
 from metrics.collector import REQUEST_NAMES, lmdb_figures
 from metrics.observed import APIS, Observed
-from metrics.tube_rows import TubeRow, tube_rows
-from tubes.tube import TALLIES
+from metrics.tube_rows import Entry, oldest_ready_created, row_of, tube_entries
+from tubes.task import READY
+from tubes.tube import TALLIES, Tube
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +114,27 @@ def other_figures(o: Observed) -> dict[str, Any]:
     return out
 
 
-def select_tubes(rows: list[TubeRow], query: str, sort: str, page: int, size: int) -> tuple[int, list[TubeRow]]:
-    """The rows whose ``space/tube`` contains ``query`` (any case), sorted, one page of them."""
+def select_tubes(entries: list[Entry], query: str, sort: str, page: int, size: int) -> tuple[int, list[Entry]]:
+    """The tubes whose ``space/tube`` contains ``query`` (any case), sorted, one page of them.
+    Only the "oldest" order reads more than a tube's counts."""
     if query:
         needle = query.lower()
-        rows = [r for r in rows if needle in f"{r.space}/{r.tube}".lower()]
+        entries = [e for e in entries if needle in f"{e[0]}/{e[1]}".lower()]
     if sort == "depth":
-        rows.sort(key=lambda r: (-r.total, r.space, r.tube))
+        entries.sort(key=lambda e: (-sum(e[2].counts.values()), e[0], e[1]))
     elif sort == "ready":
-        rows.sort(key=lambda r: (-r.counts[0], r.space, r.tube))
+        entries.sort(key=lambda e: (-e[2].counts[READY], e[0], e[1]))
     elif sort == "oldest":
-        rows.sort(key=lambda r: (-r.oldest_ready_s, r.space, r.tube))
+        entries.sort(key=lambda e: (_created_or_never(e[2]), e[0], e[1]))
     else:
-        rows.sort(key=lambda r: (r.space, r.tube))
+        entries.sort(key=lambda e: (e[0], e[1]))
     start = page * size
-    return len(rows), rows[start:start + size]
+    return len(entries), entries[start:start + size]
+
+
+def _created_or_never(tube: Tube) -> float:
+    created = oldest_ready_created(tube)
+    return float("inf") if created is None else created
 
 
 class Dashboard:
@@ -163,10 +170,12 @@ class Dashboard:
     def snapshot(self, *, query: str = "", sort: str = "name", page: int = 0, size: int = PAGE_SIZE,
                  with_history: bool = False) -> dict[str, Any]:
         o = self.observed
-        rows = tube_rows(o.engine, o.catalog) if o.engine is not None and o.catalog is not None else []
-        all_tubes = len(rows)
-        matching, shown = select_tubes(rows, query, sort if sort in SORTS else "name", max(page, 0),
-                                       min(max(size, 1), MAX_PAGE_SIZE))
+        entries = tube_entries(o.engine, o.catalog) if o.engine is not None and o.catalog is not None else []
+        all_tubes = len(entries)
+        size = min(max(size, 1), MAX_PAGE_SIZE)
+        matching, page_entries = select_tubes(entries, query, sort if sort in SORTS else "name", max(page, 0), size)
+        now_us = time.time_ns() // 1000
+        shown = [row_of(entry, now_us) for entry in page_entries]
         out: dict[str, Any] = {
             "t": time.time(),
             "state": o.state,

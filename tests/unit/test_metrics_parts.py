@@ -13,7 +13,7 @@ from boxqueue.config import Address, ConfigError, MetricsConfig, load_config
 from measures import BATCH_BOUNDS, Histogram, RequestMeter
 from metrics.auth import credentials, verify
 from metrics.dashboard_data import select_tubes
-from metrics.tube_rows import TubeRow, oldest_ready_created
+from metrics.tube_rows import oldest_ready_created
 from spaces import access as acl
 from tubes import recovery
 from tubes.kinds import BOX_QUEUE_KIND
@@ -80,21 +80,28 @@ def test_basic_credentials_and_the_chap_sha1_check():
     assert verify(access, "public", "") is None  # a role
 
 
-def _row(space: str, tube: str, ready: int, oldest: float = 0.0) -> TubeRow:
-    return TubeRow(space, tube, "box.queue", (ready, 0, 0, 0, 0), (0,) * 8, 0, oldest)
+def _entry(space: str, name: str, ready: int, created: int) -> tuple[str, str, Tube]:
+    tube = Tube(0, name, BOX_QUEUE_KIND)
+    for n in range(ready):
+        task = Task(f"{name}{n:028d}", name, READY, 0, 127, 128, 0, created + n, 10**9, 10**9, 0, 0)
+        tube.tasks[task.id] = task
+        tube.enter(task)
+    return space, name, tube
 
 
 def test_select_tubes_searches_sorts_and_pages():
-    rows = [_row("queue", f"t{i:02d}", ready=i % 7, oldest=float(i)) for i in range(30)]
-    matching, page = select_tubes(list(rows), "", "name", 1, 10)
-    assert matching == 30 and [r.tube for r in page] == [f"t{i:02d}" for i in range(10, 20)]
-    matching, page = select_tubes(list(rows), "QUEUE/T2", "name", 0, 50)
-    assert matching == 10 and page[0].tube == "t20"
-    _matching, page = select_tubes(list(rows), "", "ready", 0, 3)
-    assert [r.counts[0] for r in page] == [6, 6, 6]
-    _matching, page = select_tubes(list(rows), "", "oldest", 0, 1)
-    assert page[0].tube == "t29"
-    assert select_tubes(list(rows), "", "name", 9, 10) == (30, [])
+    entries = [_entry("queue", f"t{i:02d}", ready=i % 7, created=1000 - i) for i in range(30)]
+    matching, page = select_tubes(list(entries), "", "name", 1, 10)
+    assert matching == 30 and [e[1] for e in page] == [f"t{i:02d}" for i in range(10, 20)]
+    matching, page = select_tubes(list(entries), "QUEUE/T2", "name", 0, 50)
+    assert matching == 10 and page[0][1] == "t20"
+    _matching, page = select_tubes(list(entries), "", "ready", 0, 3)
+    assert [e[2].counts[READY] for e in page] == [6, 6, 6]
+    _matching, page = select_tubes(list(entries), "", "depth", 0, 1)
+    assert page[0][1] == "t06"
+    _matching, page = select_tubes(list(entries), "", "oldest", 0, 2)
+    assert [e[1] for e in page] == ["t29", "t27"]  # t28 holds no ready task (28 % 7 == 0)
+    assert select_tubes(list(entries), "", "name", 9, 10) == (30, [])
 
 
 def test_oldest_ready_task_by_creation_not_take_order():
