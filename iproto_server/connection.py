@@ -10,12 +10,13 @@ When the client goes away, its pending requests are cancelled (writes already qu
 and the session's disconnect callbacks run. On server shutdown the connection stops reading, lets
 the requests in flight finish within the grace period, flushes and closes.
 
-With a latency histogram, requests are timed per chunk, not one by one (a clock read per request
-would cost a visible share of a compiled one): the requests of a chunk answered inline all wait for
-the same send, so each is observed once with the chunk's time; the writes of a chunk are observed
-together once the last of them is answered, when its answer is sent (answers to writes come in
-commit order, which is the order they were submitted); a request run as a task is observed when
-it ends.
+With a latency histogram, requests are timed per chunk, and one chunk in ``SAMPLE_EVERY`` (and
+the first of each connection) is timed: a clock read, even per chunk, would cost a visible share
+of a compiled request, so the other chunks cost one decrement of a local counter. The requests of
+a timed chunk answered inline all wait for the same send, so each is observed once with the
+chunk's time; its writes are observed together once every write submitted up to then is
+answered, at the send that carries the answers (answers to writes come in commit order, which is
+the order they were submitted); its requests run as tasks are observed when they end.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from measures import Histogram
 log = logging.getLogger(__name__)
 
 RECEIVE_SIZE = 64 * 1024  # under malloc's mmap threshold: a bigger buffer costs an mmap per read
+SAMPLE_EVERY = 16  # chunks of requests: one in this many is timed (with a latency histogram)
 
 
 class Connection:
@@ -62,9 +64,10 @@ class Connection:
         self._sending = False
         self._drained = trio.Event()
         self.latency = latency
-        # Chunks whose writes are not all answered: (writes answered when its last one is, start, writes).
+        # Timed chunks whose writes are not all answered: (writes answered by then, start, writes).
         self._writes_of_chunks: deque[tuple[int, float, int]] = deque()
-        self._writes_submitted = 0
+        self._tasks_started = 0
+        self._tasks_done = 0
         self._tasks_answered = 0  # the outbox counts every answer; these were tasks'
 
     def stop_reading(self) -> None:
@@ -107,8 +110,8 @@ class Connection:
         handle_all = self.dispatcher.handle_all
         session = self.session
         outbox = self.outbox
-        clock = time.perf_counter
-        measured = self.latency is not None
+        countdown = 1 if self.latency is not None else -1  # -1: never reaches 0
+        sample: tuple[float, int, int, int] | None = None
         while True:
             await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
@@ -117,18 +120,19 @@ class Connection:
                 return True
             if not data:
                 return True
-            started = clock()
-            framed = decoder.packets
-            deferred = spawned = 0
+            countdown -= 1
+            if countdown == 0:
+                countdown = SAMPLE_EVERY
+                sample = self._sample_begins()
             decoder.feed(data)
             while True:
                 pending, tasks, framing_error = handle_all(
                     session, decoder, outbox, outbox.max_inflight - outbox.inflight
                 )
                 outbox.inflight += pending
-                deferred += pending
                 if tasks is not None:
-                    spawned += len(tasks)
+                    self._tasks_started += len(tasks)
+                    started = None if sample is None else sample[0]
                     for task in tasks:
                         nursery.start_soon(self._run, task, started)
                 if framing_error is not None:
@@ -140,8 +144,9 @@ class Connection:
                 while outbox.inflight >= outbox.max_inflight:
                     outbox.wake_sender()  # let the sender answer what is ready meanwhile
                     await self._slot_freed()
-            if measured:
-                self._chunk_handled(started, decoder.packets - framed - deferred, deferred - spawned)
+            if sample is not None:
+                self._sample_ends(sample)
+                sample = None
             if outbox.out and not self._sending:
                 # Answer this chunk's quick requests now, without waking the sender task; a full
                 # socket buffer blocks here, which stops reading: the client is pushed back.
@@ -155,28 +160,43 @@ class Connection:
         event = self.outbox.reader_waiting = trio.Event()
         await event.wait()
 
-    async def _run(self, pending: Coroutine[Any, Any, bytes], started: float) -> None:
+    async def _run(self, pending: Coroutine[Any, Any, bytes], started: float | None) -> None:
+        """A request that may wait (``started``: the time of its chunk, if that chunk is timed)."""
         try:
             packet = await pending
         except BaseException:
             self.outbox.inflight -= 1  # cancelled with its connection: nobody is answered
+            self._tasks_done += 1
             raise
         self._tasks_answered += 1
+        self._tasks_done += 1
         self.outbox.reply_later(packet)
-        if self.latency is not None:
+        if started is not None and self.latency is not None:
             self.latency.observe(time.perf_counter() - started)
 
     # -- latency -------------------------------------------------------------------------------
 
-    def _chunk_handled(self, started: float, inline: int, writes: int) -> None:
-        """Observe the latency of a chunk's inline answers; note its writes for later."""
+    def _sample_begins(self) -> tuple[float, int, int, int]:
+        """A chunk to time: its start, and the counters its requests will move."""
+        outbox = self.outbox
+        return time.perf_counter(), self.decoder.packets, outbox.inflight + outbox.answers, self._tasks_started
+
+    def _sample_ends(self, sample: tuple[float, int, int, int]) -> None:
+        """Observe the timed chunk's inline answers; note its writes, answered later."""
         latency = self.latency
         assert latency is not None
+        started, packets, pending_before, tasks_before = sample
+        outbox = self.outbox
+        deferred = outbox.inflight + outbox.answers - pending_before  # left pending by this chunk
+        inline = self.decoder.packets - packets - deferred
+        writes = deferred - (self._tasks_started - tasks_before)
         if inline > 0:
             latency.observe(time.perf_counter() - started, inline)
-        if writes:
-            self._writes_submitted += writes
-            self._writes_of_chunks.append((self._writes_submitted, started, writes))
+        if writes > 0:
+            # Answered in commit order: these are done when every write in flight now is.
+            writes_answered = outbox.answers - self._tasks_answered
+            writes_in_flight = outbox.inflight - (self._tasks_started - self._tasks_done)
+            self._writes_of_chunks.append((writes_answered + writes_in_flight, started, writes))
             self._writes_answered()
 
     def _writes_answered(self) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 import uuid
 
 import httpx
+import msgpack
 import pytest
 import tarantool
 import websockets
@@ -138,8 +140,7 @@ def test_exact_counts_after_known_traffic(served):
     assert delta(before, after, "tnt_stats_op_total", operation="error") == 1
     assert delta(before, after, "tnt_net_requests_total") == 13
     assert value(after, "tnt_net_connections_current") == 1
-    # Every iproto request is observed once by the latency histogram.
-    assert delta(before, after, "boxqueue_api_request_duration_seconds_count", api="iproto") == 13
+    # iproto's latency is sampled (see test_iproto_latency_is_sampled_per_chunk).
     assert value(after, "boxqueue_api_request_duration_seconds_bucket", api="iproto", le="+Inf") == \
         value(after, "boxqueue_api_request_duration_seconds_count", api="iproto")
 
@@ -241,3 +242,43 @@ def test_snapshot_json_pages_and_searches(served):
     assert found["matching"] == 1 and found["rows"][0]["states"]["ready"] == 1
     assert found["rows"][0]["tally"]["puts"] == 1
     conn.close()
+
+
+def test_iproto_latency_is_sampled_per_chunk(served):
+    """One chunk in 16 is timed, the first of each connection included, and every request in a
+    timed chunk is observed: those answered at once, and writes once they are committed."""
+    server, ports = served
+
+    def frame(request_type: int, sync: int, body: dict) -> bytes:
+        packed = msgpack.packb({0x00: request_type, 0x01: sync}) + msgpack.packb(body)
+        return b"\xce" + struct.pack(">I", len(packed)) + packed
+
+    def ping(sync: int) -> bytes:
+        return frame(64, sync, {})
+
+    def put(sync: int) -> bytes:
+        return frame(10, sync, {0x22: "box.queue.put", 0x21: [0, "sampled", 0, 0, 0, 0, sync]})
+
+    def send_and_read(sock: socket.socket, data: bytes, answers: int) -> None:
+        sock.sendall(data)  # one write: the server reads it as one chunk
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        items: list = []
+        while len(items) < 3 * answers:
+            unpacker.feed(sock.recv(65536))
+            items.extend(unpacker)
+        assert all(header[0x00] == 0 for header in items[1::3]), items
+
+    before = scrape(ports["metrics"])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.recv(128)
+        send_and_read(sock, b"".join(ping(i) for i in range(10)), 10)  # chunk 1, timed: 10
+        for i in range(15):
+            send_and_read(sock, ping(100 + i), 1)  # chunks 2-16
+        send_and_read(sock, b"".join(put(200 + i) for i in range(5)), 5)  # chunk 17, timed: 5 writes
+        for i in range(15):
+            send_and_read(sock, ping(300 + i), 1)  # chunks 18-32
+        send_and_read(sock, ping(400), 1)  # chunk 33, timed
+    after = scrape(ports["metrics"])
+    assert delta(before, after, "boxqueue_api_request_duration_seconds_count", api="iproto") == 16
+    assert delta(before, after, "tnt_net_requests_total") == 10 + 15 + 5 + 15 + 1
+    assert value(after, "boxqueue_tube_puts_total", space="queue", tube="sampled", kind="box.queue") == 5
