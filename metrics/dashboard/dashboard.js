@@ -196,7 +196,8 @@ function plot(svg, legend, series) {
     svg.append(label);
   }
   for (const minutes of [10, 5, 0]) {
-    const label = el("text", { x: x(now - minutes * 60), y: H - 4, "text-anchor": "middle", "font-size": 11, fill: "#6b7280" });
+    const anchor = minutes === 10 ? "start" : minutes === 0 ? "end" : "middle";
+    const label = el("text", { x: x(now - minutes * 60), y: H - 4, "text-anchor": anchor, "font-size": 11, fill: "#6b7280" });
     label.textContent = minutes ? `-${minutes} min` : "now";
     svg.append(label);
   }
