@@ -263,6 +263,7 @@ class Server:
                                     log.info("boxqueue is ready")
                                     task_status.started(self.ports)
                                     await self._stop.wait()
+                                    observed.state = STOPPING
                                     listening.cancel()
                             # The HTTP facades drain at the same time as the iproto connections.
                             facades_stop()
@@ -273,6 +274,8 @@ class Server:
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
+            observed.state = STOPPING
+            observed.storage = None  # the metrics stop reading LMDB before it closes
             storage.close()
             log.info("boxqueue stopped")
 

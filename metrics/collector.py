@@ -218,7 +218,7 @@ class BoxqueueCollector(Collector):
             yield GaugeMetricFamily("boxqueue_lmdb_used_bytes", "LMDB pages in use, in bytes",
                                     value=figures["used"])
             yield GaugeMetricFamily("boxqueue_lmdb_file_bytes", "Size of LMDB's data file", value=figures["file"])
-        if catalog is not None and not o.recovering:
+        if catalog is not None and storage is not None and not o.recovering:
             length = GaugeMetricFamily("tnt_space_len", "Tuples in a space", labels=["name", "engine"])
             for space in list(catalog.spaces.values()):
                 if space.primary is not None and not space.dropped:

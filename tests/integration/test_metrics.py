@@ -282,3 +282,19 @@ def test_iproto_latency_is_sampled_per_chunk(served):
     assert delta(before, after, "boxqueue_api_request_duration_seconds_count", api="iproto") == 16
     assert delta(before, after, "tnt_net_requests_total") == 10 + 15 + 5 + 15 + 1
     assert value(after, "boxqueue_tube_puts_total", space="queue", tube="sampled", kind="box.queue") == 5
+
+
+def test_sigterm_ends_an_open_event_stream(served):
+    """A dashboard left open does not hold the server up: SIGTERM ends its stream and the server
+    exits 0 (within the HTTP stacks' grace period)."""
+    server, ports = served
+    with httpx.stream("GET", f"http://127.0.0.1:{ports['metrics']}/api/events", timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        first = next(line for line in lines if line)
+        assert first.startswith("data: {") and '"state":"ready"' in first
+        second = next(line for line in lines if line)  # a snapshot a second
+        assert second.startswith("data: {")
+        started = time.monotonic()
+        assert server.stop() == 0
+    assert time.monotonic() - started < 10
