@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace
+    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace", "queue")
+REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue")
 
 
 def workload(count: int, what: str) -> None:
@@ -35,12 +35,14 @@ def workload(count: int, what: str) -> None:
     from errcodes import BoxError
     from iproto_server import codec
     from iproto_server.builtins import register_builtins
-    from iproto_server.dispatch import Dispatcher
+    from iproto_server.dispatch import PENDING, Dispatcher
     from iproto_server.outbox import Outbox
     from iproto_server.session import Session
+    from lua_box.engine import LuaEngine, LuaLimits
     from spaces.catalog import Catalog
     from spaces.definitions import FieldDef
     from spaces.procedures import Procedures
+    from spaces.space_procedures import space_method_resolver
     from storage.commit import GroupCommitter
     from storage.environment import Storage
 
@@ -49,6 +51,9 @@ def workload(count: int, what: str) -> None:
         "select": ({0: codec.SELECT, 1: 1, 5: 0}, {0x10: 512, 0x11: 0, 0x12: 1, 0x13: 0, 0x14: 0, 0x20: [42]}),
         "call": ({0: codec.CALL, 1: 1}, {0x22: "box.session.id", 0x21: []}),
         "replace": ({0: codec.REPLACE, 1: 1}, {0x10: 512, 0x21: [42, "y" * 32]}),
+        "eval": ({0: codec.EVAL, 1: 1}, {0x27: "return ...", 0x21: [42]}),
+        "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
+        "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
     if what == "queue":
         queue_workload(count)
@@ -73,15 +78,32 @@ def workload(count: int, what: str) -> None:
                 await space.replace(None, [i, "x" * 32])
             procedures = Procedures()
             register_builtins(procedures, catalog)
-            dispatcher = Dispatcher(catalog, procedures)
+            procedures.add_resolver(space_method_resolver(catalog))
+            lua = LuaEngine(catalog, procedures, LuaLimits())
+            await nursery.start(lua.run)
+            dispatcher = Dispatcher(
+                catalog, procedures, eval_handler=lambda session, expr, args: lua.eval(session.context, expr, args)
+            )
             session = Session(1, catalog.access.guest)
+            defined = lua.eval(session.context, "function bench_echo(...) return ... end", [])
+            if not isinstance(defined, list):  # went on elsewhere (or an engine whose EVAL always waits)
+                await defined
             decoder = codec.RequestDecoder()
             outbox = Outbox(1 << 30)
             for _ in range(count):
                 decoder.feed(frame)
-                dispatcher.handle(session, decoder.next_event(), outbox)
+                answer = dispatcher.handle(session, decoder.next_event(), outbox)
+                if answer is not None and answer is not PENDING:  # a request that waits: its coroutine
+                    await answer
                 outbox.take()
+            # One more, checked (in both runs, so it does not count): the successful path is
+            # what is measured, never an error.
+            decoder.feed(frame)
+            answer = dispatcher.handle(session, decoder.next_event(), outbox)
+            if answer is not None and answer is not PENDING:
+                outbox.out += await answer
             await trio.sleep(0.01)  # let queued writes commit
+            _check_answer(bytes(outbox.take()))
             nursery.cancel_scope.cancel()
         storage.close()
 
@@ -166,6 +188,18 @@ def queue_workload(count: int) -> None:
         trio.run(main)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_answer(answer: bytes) -> None:
+    """The workload measures the successful path: stop on an error answer."""
+    import msgpack
+
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(answer)
+    unpacker.unpack()  # length
+    header = unpacker.unpack()
+    if header[0] != 0:
+        raise RuntimeError(f"the request failed: {unpacker.unpack()}")
 
 
 def _packets(data: bytes | bytearray) -> list[bytes]:

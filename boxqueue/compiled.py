@@ -38,6 +38,19 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.procedures",
     "spaces.space_procedures",
     "storage.keys",
+    "tubes.box_queue",
+    "tubes.engine_base",
+    "tubes.producers",
+    "tubes.consumers",
+    "tubes.task_verbs",
+    "tubes.task",
+    "tubes.tube",
+    "tubes.transitions",
+    "tubes.kinds",
+    "tubes.tube_records",
+    "tubes.numbers",
+    "lua_box.values",
+    "lua_box.engine",
 )
 
 ROOT = Path(__file__).resolve().parent.parent

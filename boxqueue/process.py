@@ -217,8 +217,8 @@ class Server:
                 stats=stats,
             )
 
-            async def eval_handler(session: Session, expr: str, args: list) -> list:
-                return await lua.eval(session.context, expr, args)
+            def eval_handler(session: Session, expr: str, args: list) -> Any:
+                return lua.eval(session.context, expr, args)
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
             console_meter = observed.meter("console")

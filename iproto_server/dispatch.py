@@ -16,7 +16,7 @@ through the general checks on the body dict, which give Tarantool's errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import cython
@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 3
 FEATURES: list[int] = []
 
-EvalHandler = Callable[[Session, str, list[Any]], Awaitable[list[Any]]]
+# The values at once (a chunk that finished on the event loop), or an awaitable producing them.
+EvalHandler = Callable[[Session, str, list[Any]], "list[Any] | Awaitable[list[Any]]"]
 Reply = Callable[[bytes], None]
 
 PENDING = True  # what handle() returns when the answer will come later (see Outbox.answered)
@@ -285,7 +286,7 @@ class Dispatcher:
                 self._upsert(session, request, sync, outbox)
                 return PENDING
             elif rtype == T_EVAL:
-                return self._eval(session, request)
+                result = self._eval(session, request)
             elif rtype == T_AUTH:
                 result = self._auth(session, request)
             elif rtype == T_ID:
@@ -561,7 +562,7 @@ class Dispatcher:
         return _call_body(values, call16)
 
     @cython.cfunc
-    def _eval(self, session: Session, request: Request) -> Coroutine[Any, Any, bytes]:
+    def _eval(self, session: Session, request: Request) -> object:
         body = request.body
         expr = _field(body, codec.EXPR, "expression", required=True)
         if type(expr) is not str:
@@ -570,9 +571,11 @@ class Dispatcher:
         self.access.check(session.user, acl.EXECUTE, acl.UNIVERSE, "")
         if self.eval_handler is None:
             raise BoxError(ER.UNSUPPORTED, "boxqueue", "EVAL (no Lua engine is configured)")
-        return self._finish(request.sync, self._run_eval(session, expr, args), T_EVAL)
+        values = self.eval_handler(session, expr, args)
+        if type(values) is list:  # the chunk finished on the event loop: answered at once
+            return codec.data_body(values)
+        return self._finish(request.sync, self._run_eval(values), T_EVAL)
 
-    async def _run_eval(self, session: Session, expr: str, args: list[Any]) -> bytes:
-        values = await self.eval_handler(session, expr, args)
-        return codec.data_body(list(values))
+    async def _run_eval(self, running: Awaitable[list[Any]]) -> bytes:
+        return codec.data_body(list(await running))
 

@@ -1,20 +1,25 @@
 -- The Lua side of the embedded console: the sandboxed global table user code runs in, the `box`
--- table, and the job driver the Python side steps through (see lua_box/engine.py).
+-- table, and the worker coroutines the Python driver resumes (see lua_box/engine.py).
 --
--- Every call into Python goes through `op(name, ...)`: the job's coroutine yields the request
--- to the Python driver, which runs it on the trio event loop (awaiting it when it waits for a
--- commit or a queue take) and resumes the coroutine with `true, results` or `false, error`.
--- Lua code itself runs in a worker thread; a count hook enforces the job's time budget.
+-- A job (an EVAL chunk, a console statement, a CALL of a Lua function) runs in a `worker`
+-- coroutine. Every call into Python goes through `op(name, ...)`: the coroutine yields the
+-- request to the Python driver, which runs it on the trio event loop (awaiting it when it waits
+-- for a commit or a queue take) and resumes the coroutine with the answer (see `resumed`).
+-- What a job hands to Python (its results, an error, an operation's arguments) is first turned
+-- into plain values by `describe`, inside the coroutine, so no user metamethod ever runs
+-- outside a job's time limit, and the driver calls nothing but C functions on the main state.
 
-local py = ...                       -- clock, limit message, memory limit message
-local OP, DONE = {}, {}              -- yield tokens only this file can produce
+local py = ...                       -- clock, messages, limits, the path of lupa's LuaJIT library
+local OP, DONE = 'op', 'done'        -- what the driver sees first in a yield or a return
+local USER_YIELD = {}                -- tags the yields of user coroutines (see user_resume)
 local raw_yield, raw_resume, raw_create = coroutine.yield, coroutine.resume, coroutine.create
-local raw_status, raw_pcall, raw_xpcall = coroutine.status, pcall, xpcall
+local raw_status, raw_pcall, raw_isyieldable = coroutine.status, pcall, coroutine.isyieldable
 local pack = function(...) return {n = select('#', ...), ...} end
 local unpack, type, setmetatable, getmetatable, tostring = unpack, type, setmetatable, getmetatable, tostring
 local rawget, rawset, pairs, ipairs, error, select = rawget, rawset, pairs, ipairs, error, select
 local clock = py.clock
 local string_format = string.format
+local debug_sethook = debug.sethook
 
 jit.off()  -- count hooks do not fire inside compiled traces: user code stays interpreted
 string.dump = nil  -- no bytecode in or out: crafted bytecode can crash the VM
@@ -52,12 +57,67 @@ function internal.error_info(err)
     return -1, tostring(err), nil, err
 end
 
-local deadline = nil
-debug.sethook(function()
-    if deadline ~= nil and clock() > deadline then
-        error(LIMIT, 0)
-    end
-end, '', 10000)
+-- Count hooks -------------------------------------------------------------------------------
+--
+-- The driver shares what it decides through `state`: the schema version (space objects are
+-- cached until it changes), whether the job runs on the event loop, and the deadline of the
+-- running slice.
+local state = {schema_version = nil, on_loop = true, deadline = math.huge}
+internal.state = state
+
+-- Lua runs under one of two count hooks, both firing every `py.hook_interval` VM instructions:
+--
+-- * the yielding hook is LuaJIT's own `lua_yield`, installed with `lua_sethook` through the FFI
+--   on the library lupa loaded. LuaJIT lets a count hook yield (it leaves a continuation frame
+--   behind, and the next resume goes on where the hook fired), but only a C hook can: a Lua
+--   hook set by debug.sethook runs behind a C call and gets "attempt to yield across C-call
+--   boundary". The job's coroutine returns to the Python driver with no values, and the driver
+--   checks the time limit and the event loop's budget, then resumes it, here or in the Lua thread.
+--   It is always set, between jobs too: the driver only calls C functions of Lua's library on
+--   the main Lua state (unpack, setmetatable, loadstring...), which run no VM instructions, so
+--   the hook only ever fires inside a job. (Walking the globals, which is Lua, is done with the
+--   hook off.)
+-- * the checking hook is a Lua function (debug.sethook) that raises the time limit error once the
+--   slice's deadline has passed. It is the hook while a C function that calls back into Lua runs
+--   (a table.sort comparator, a string.gsub callback, a __tostring from string.format): there
+--   no yield is possible, and lua_yield would raise "attempt to yield across C-call boundary"
+--   in user code. Such calls move the job to the Lua thread first (see enter_c_callbacks), so
+--   the checking hook never runs on the event loop; the yielding hook comes back when the job
+--   next calls into Python or ends.
+local ffi = require('ffi')
+ffi.cdef[[
+typedef struct lua_State lua_State;
+typedef struct lua_Debug lua_Debug;
+typedef void (*lua_Hook)(lua_State *L, lua_Debug *ar);
+int lua_sethook(lua_State *L, lua_Hook func, int mask, int count);
+int lua_yield(lua_State *L, int nresults);
+]]
+local LUA_MASKCOUNT = 8
+local luajit = ffi.load(py.lupa_library)
+-- lua_sethook changes the hook of the whole runtime; any of its threads names it, as long as that
+-- thread lives (it is kept in `internal`).
+local anchor = raw_create(function() end)
+internal.anchor = anchor
+local anchor_address = tonumber(string.match(tostring(anchor), '0x%x+'))
+internal.state_address = anchor_address
+local anchor_state = ffi.cast('lua_State *', anchor_address)
+local lua_sethook = luajit.lua_sethook
+local yield_hook = ffi.cast('lua_Hook', luajit.lua_yield)
+local interval = py.hook_interval
+
+local YIELDING, CHECKING = 1, 2
+local hook_mode = YIELDING  -- the driver sets the yielding hook once the engine is ready
+local function hook_yielding()
+    lua_sethook(anchor_state, yield_hook, LUA_MASKCOUNT, interval)
+    hook_mode = YIELDING
+end
+local function check_deadline()
+    if clock() > state.deadline then error(LIMIT, 0) end
+end
+local function hook_checking()
+    debug_sethook(check_deadline, '', interval)
+    hook_mode = CHECKING
+end
 
 -- Values ------------------------------------------------------------------------------------
 
@@ -77,82 +137,177 @@ tuple_methods.tomap = tuple_methods.totable
 local function new_tuple(t) return setmetatable(t, tuple_mt) end
 internal.new_tuple = new_tuple
 
--- What a value is, for the Python converter: 'tuple', 'array' (with its length), 'map', 'null',
--- 'error', or Lua's type name; a table whose metatable names a `__serialize` table stands for it.
-function internal.kind(v)
-    local t = type(v)
-    if t ~= 'table' then return t, 0, tostring(v) end
-    if v == NULL then return 'null', 0 end
+-- Values handed to Python -------------------------------------------------------------------
+--
+-- `describe` turns a value into one the Python side converts without calling back into Lua:
+-- numbers, strings, booleans and nil stay as they are; box.NULL becomes nil; a table becomes a
+-- plain table holding its shape ('a' array, 'm' map as key, value, key, value..., 't' tuple)
+-- and then its items, described, with `n` its length; an error object becomes its message, a
+-- table whose metatable has a `__serialize` function what that returns, anything else its
+-- tostring(). It runs inside the job, under its count hook, since user metamethods may run.
+-- It also enforces the limits of one result: at most py.max_values values in all (the Python
+-- copy is not under the Lua memory limit), at most py.max_depth levels of tables.
+local MAX_VALUES, MAX_DEPTH = py.max_values, py.max_depth
+local TOO_MANY = string_format('a result of more than %d values is refused', MAX_VALUES)
+local TOO_DEEP = 'too deep nesting (a table that contains itself?)'
+local SCALAR = {number = true, string = true, boolean = true, ['nil'] = true}
+local left = 0   -- values the result being described may still hold
+
+local function spend(count)
+    left = left - count
+    if left < 0 then error(TOO_MANY, 0) end
+end
+
+local describe
+local function describe_table(v, depth)
+    if v == NULL then return nil end
+    if depth > MAX_DEPTH then error(TOO_DEEP, 0) end
+    depth = depth + 1
     local mt = getmetatable(v)
-    if mt ~= nil and type(rawget(mt, '__serialize')) == 'function' then
-        return 'proxy', 0, mt.__serialize(v)
+    if mt ~= nil then
+        if type(rawget(mt, '__serialize')) == 'function' then return describe(mt.__serialize(v), depth) end
+        if mt == tuple_mt then
+            local size = #v
+            spend(size)
+            local out = {'t', n = size + 1}
+            for i = 1, size do out[i + 1] = describe(rawget(v, i), depth) end
+            return out
+        end
+        if mt == error_mt then return describe(v.message, depth) end
     end
-    if mt == tuple_mt then return 'tuple', #v end
-    if mt == error_mt then return 'error', 0 end
     local count, max = 0, 0
     for k in pairs(v) do
-        if type(k) ~= 'number' or k < 1 or k % 1 ~= 0 then return 'map', 0 end
+        if type(k) ~= 'number' or k < 1 or k % 1 ~= 0 then max = -1 break end
         count = count + 1
         if k > max then max = k end
     end
     -- Tarantool's serializer: a table with only positive integer keys is an array unless it is
     -- too sparse (more than half holes past the first ten).
-    if max > 10 and max > 2 * count then return 'map', 0 end
-    return 'array', max
+    if max >= 0 and not (max > 10 and max > 2 * count) then
+        spend(max)
+        local out = {'a', n = max + 1}
+        for i = 1, max do out[i + 1] = describe(rawget(v, i), depth) end
+        return out
+    end
+    local out, i = {'m'}, 1
+    for k, item in pairs(v) do
+        spend(1)
+        out[i + 1], out[i + 2] = describe(k, depth), describe(item, depth)
+        i = i + 2
+    end
+    out.n = i
+    return out
 end
+
+describe = function(v, depth)
+    local t = type(v)
+    if SCALAR[t] then return v end
+    if t == 'table' then return describe_table(v, depth) end
+    return tostring(v)
+end
+
+-- The items of a {n = ...} table, described in place.
+local function describe_all(r)
+    left = MAX_VALUES
+    spend(r.n)
+    for i = 1, r.n do
+        local v = r[i]
+        if not SCALAR[type(v)] then r[i] = describe(v, 0) end
+    end
+    return r
+end
+
+-- Whether all of (a few) values are already plain.
+local function all_scalar(...)
+    local n = select('#', ...)
+    if n > 8 then return false end
+    for i = 1, n do
+        if not SCALAR[type((select(i, ...)))] then return false end
+    end
+    return true
+end
+
+internal.tuple_mt = tuple_mt
+internal.error_mt = error_mt
 
 -- Calls into Python -------------------------------------------------------------------------
 
+-- The driver answers `true, values...`, `false, error`, or for the common results of space
+-- methods `TUPLE, fields...` (one tuple) and `TUPLES, count, fields..., count, fields...` (an
+-- array of tuples), built into tables here.
+local TUPLE, TUPLES = py.answer_tuple, py.answer_tuples
+local function tuples(...)
+    local out, at, n = {}, 1, select('#', ...)
+    local args = {...}
+    local k = 0
+    while at <= n do
+        local count = args[at]
+        k = k + 1
+        out[k] = setmetatable({unpack(args, at + 1, at + count)}, tuple_mt)
+        at = at + count + 1
+    end
+    return out
+end
+local function resumed(ok, ...)
+    if ok == true then return ... end
+    if ok == TUPLE then return setmetatable({...}, tuple_mt) end
+    if ok == TUPLES then return tuples(...) end
+    error((...), 0)
+end
+
+-- Yields `name` and its arguments (described) to the driver; returns what it answers.
 local function op(name, ...)
-    local r = pack(raw_yield(OP, name, pack(...)))
-    if r[1] then
-        local results = r[2]
-        return unpack(results, 1, results.n)
+    if not raw_isyieldable() then
+        -- inside a C function that called back into Lua (a table.sort comparator...)
+        error('attempt to yield across C-call boundary', 0)
     end
-    error(r[2], 0)
+    if hook_mode ~= YIELDING then hook_yielding() end
+    if all_scalar(...) then return resumed(raw_yield(OP, name, ...)) end
+    local args = describe_all(pack(...))
+    return resumed(raw_yield(OP, name, unpack(args, 1, args.n)))
 end
 
--- Jobs: one coroutine per chunk or function call --------------------------------------------
+-- Jobs ----------------------------------------------------------------------------------------
+--
+-- A job is `fn(...)` run by a `worker` coroutine. A resume yields to the driver:
+--   nothing                          the yielding count hook fired;
+--   'op', name, arguments...         a call into Python (see op);
+--   'done', globals, true, results...
+--   'done', globals, false, code, message, type, printable
+-- with results and printable described. `globals` counts the global names user code has made
+-- (see the end of this file): while it stays the same, no function appeared for CALL to serve.
 
-local jobs = {}
+local count_globals   -- defined with the sandbox
 
-local function job_body(fn, ...)
-    return DONE, pack(raw_pcall(fn, ...))
+local function failed(err)
+    local ok, code, message, etype, printable = raw_pcall(internal.error_info, err)
+    if not ok then
+        code, message, etype, printable = -1, type(code) == 'string' and code or 'error in error handling', nil, nil
+    end
+    left = MAX_VALUES
+    local described_ok, described = raw_pcall(describe, printable, 0)
+    if not described_ok then described = message end
+    return DONE, count_globals(), false, code, message, etype, described
 end
 
-function internal.start(id, budget, version, fn, args)
-    jobs[id] = raw_create(job_body)
-    return internal.resume(id, budget, version, fn, unpack(args, 1, args.n))
+local function settle(ok, ...)
+    if hook_mode ~= YIELDING then hook_yielding() end
+    if not ok then return failed((...)) end
+    if all_scalar(...) then return DONE, count_globals(), true, ... end
+    local described_ok, r = raw_pcall(describe_all, pack(...))
+    if not described_ok then return failed(r) end
+    return DONE, count_globals(), true, unpack(r, 1, r.n)
 end
 
--- The schema version as of the last resume: space objects are cached until it changes.
-local schema_version = nil
-
--- Resume job `id` for at most `budget` seconds. Returns 'op', name, args; or 'done', ok,
--- results (an error object when not ok); the job is forgotten once done.
-function internal.resume(id, budget, version, ...)
-    schema_version = version
-    local co = jobs[id]
-    deadline = clock() + budget
-    local r = pack(raw_resume(co, ...))
-    deadline = nil
-    if r[1] and r[2] == OP then
-        return 'op', r[3], r[4]
-    end
-    jobs[id] = nil
-    if not r[1] then return 'done', false, r[2] end
-    if r[2] ~= DONE then
-        return 'done', false, 'unexpected yield from a coroutine outside any coroutine.wrap'
-    end
-    local result = r[3]
-    if result[1] then
-        return 'done', true, pack(unpack(result, 2, result.n))
-    end
-    return 'done', false, result[2]
+-- A job's coroutine, kept by the driver for the next job once this one is done: the next
+-- function and its arguments come back from the yield.
+local job_threads = setmetatable({}, {__mode = 'k'})  -- user code may not resume these
+local function worker(fn, ...)
+    return worker(raw_yield(settle(raw_pcall(fn, ...))))
 end
-
-function internal.forget(id)
-    jobs[id] = nil
+function internal.worker(...)
+    job_threads[coroutine.running()] = true
+    return worker(...)
 end
 
 -- The sandbox -------------------------------------------------------------------------------
@@ -166,25 +321,40 @@ local function rethrow_fatal(r)
     return unpack(r, 1, r.n)
 end
 G.pcall = function(f, ...) return rethrow_fatal(pack(raw_pcall(f, ...))) end
+-- xpcall as pcall, then the handler: LuaJIT runs the handler before unwinding, behind a C call
+-- where the count hook cannot yield; nothing in the sandbox can see the difference (there is no
+-- debug library), and here the handler may call box. An error in the handler is "error in
+-- error handling", as in LuaJIT.
+local c_xpcall = xpcall
 G.xpcall = function(f, handler, ...)
-    return rethrow_fatal(pack(raw_xpcall(f, function(e)
-        if is_fatal(e) then return e end
-        return handler(e)
-    end, ...)))
+    if type(handler) ~= 'function' then
+        return c_xpcall(f, handler, ...)  -- LuaJIT's own argument error, named as the caller wrote it
+    end
+    local r = pack(raw_pcall(f, ...))
+    if r[1] then return unpack(r, 1, r.n) end
+    if is_fatal(r[2]) then error(r[2], 0) end
+    local ok, handled = raw_pcall(handler, r[2])
+    if ok then return false, handled end
+    if is_fatal(handled) then error(handled, 0) end
+    return false, 'error in error handling'
 end
 
--- User coroutines pass our operation requests through to the driver.
+-- User coroutines pass our operation requests and the yielding hook's yields (which give no
+-- values) through to the driver; their own yields are tagged so the two cannot be confused.
 local function user_resume(co, ...)
+    if job_threads[co] then return false, 'cannot resume non-suspended coroutine' end
     local r = pack(raw_resume(co, ...))
-    while r[1] and r[2] == OP and raw_status(co) == 'suspended' do
+    while r[1] and r[2] ~= USER_YIELD and raw_status(co) == 'suspended' do
         local answer = pack(raw_yield(unpack(r, 2, r.n)))
         r = pack(raw_resume(co, unpack(answer, 1, answer.n)))
     end
     if not r[1] and is_fatal(r[2]) then error(r[2], 0) end
+    if r[1] and r[2] == USER_YIELD then return true, unpack(r, 3, r.n) end
     return unpack(r, 1, r.n)
 end
 G.coroutine = {
-    create = coroutine.create, status = coroutine.status, yield = coroutine.yield,
+    create = coroutine.create, status = coroutine.status,
+    yield = function(...) return raw_yield(USER_YIELD, ...) end,
     running = coroutine.running, resume = user_resume,
     wrap = function(f)
         local co = raw_create(f)
@@ -195,6 +365,51 @@ G.coroutine = {
         end
     end,
 }
+
+-- C functions that call back into Lua: a job moves to the Lua thread before such a call and
+-- runs it under the checking hook (see Count hooks). The wrappers end in a tail call, so the
+-- function's own argument errors keep the name and position the caller wrote. They replace the
+-- library functions themselves, which `("x"):gsub(...)` reaches through the string metatable.
+local c_sort, c_gsub, c_format = table.sort, string.gsub, string.format
+local BIG_SORT = 4096   -- longer sorts (all in C, with no hook) move to the Lua thread too
+local function enter_c_callbacks()
+    if state.on_loop then op('to_thread') end
+    hook_checking()
+end
+table.sort = function(t, cmp)
+    if type(t) == 'table' then
+        local n = #t
+        local calls_back = cmp ~= nil
+        if not calls_back then  -- tables and userdata may compare through __lt
+            for i = 1, n do
+                local item = type(rawget(t, i))
+                if item == 'table' or item == 'userdata' then calls_back = true break end
+            end
+        end
+        if calls_back then
+            enter_c_callbacks()
+        elseif n > BIG_SORT and state.on_loop then
+            op('to_thread')
+        end
+    end
+    return c_sort(t, cmp)
+end
+string.gsub = function(s, pattern, repl, n)
+    local kind = type(repl)
+    if kind == 'function' or (kind == 'table' and getmetatable(repl) ~= nil) then enter_c_callbacks() end
+    return c_gsub(s, pattern, repl, n)
+end
+string.format = function(fmt, ...)
+    for i = 1, select('#', ...) do  -- a __tostring runs for %s
+        local v = (select(i, ...))
+        local kind = type(v)
+        if (kind == 'table' or kind == 'userdata') and getmetatable(v) ~= nil then
+            enter_c_callbacks()
+            break
+        end
+    end
+    return c_format(fmt, ...)
+end
 
 for _, name in ipairs({'assert', 'error', 'ipairs', 'next', 'pairs', 'rawequal', 'rawget',
                        'rawlen', 'rawset', 'select', 'setmetatable', 'getmetatable', 'tonumber',
@@ -249,7 +464,7 @@ box.error = setmetatable({
         if type(code) == 'table' then
             error(new_error(code.code or 0, code.reason or code.message or 'Unknown error'), 0)
         end
-        if message ~= nil and select('#', ...) > 0 then message = string_format(message, ...) end
+        if message ~= nil and select("#", ...) > 0 then message = string.format(message, ...) end
         error(new_error(code, message or 'Unknown error'), 0)
     end,
 })
@@ -329,15 +544,15 @@ end
 local space_cache, space_cache_version = {}, nil
 box.space = setmetatable({}, {
     __index = function(_, ref)
-        if space_cache_version ~= schema_version then
-            space_cache, space_cache_version = {}, schema_version
+        if space_cache_version ~= state.schema_version then
+            space_cache, space_cache_version = {}, state.schema_version
         end
         local cached = space_cache[ref]
         if cached ~= nil then return cached end
         local info = op('space_info', ref)
         if info == nil then return nil end
         local object = space_object(info)
-        if space_cache_version == schema_version then space_cache[ref] = object end
+        if space_cache_version == state.schema_version then space_cache[ref] = object end
         return object
     end,
 })
@@ -441,22 +656,20 @@ box.schema = {
     },
 }
 
--- What user code defined that CALL may reach: names of globals holding functions, and of
--- globals holding tables (for `app.handler` and `app:method`).
+-- The global names user code made, as those holding functions (callable over CALL), those
+-- holding tables (for `app.handler` and `app:method`) and the rest.
 local builtin = {}
 for k in pairs(G) do builtin[k] = true end
 function internal.user_functions()
-    local functions, tables = {}, {}
+    local functions, tables, others = {}, {}, {}
     for k, v in pairs(G) do
         if type(k) == 'string' and not builtin[k] then
-            if type(v) == 'function' then
-                functions[#functions + 1] = k
-            elseif type(v) == 'table' then
-                tables[#tables + 1] = k
-            end
+            local kind = type(v)
+            local list = kind == 'function' and functions or kind == 'table' and tables or others
+            list[#list + 1] = k
         end
     end
-    return functions, tables
+    return functions, tables, others
 end
 
 -- Compile a chunk in the sandbox; nil and the message when it does not compile.
@@ -467,8 +680,9 @@ function internal.compile(code, chunkname)
     return setfenv(fn, G), nil
 end
 
--- A global function by name, for CALL: `f`, `app.handler`, or `app:method` (called with `app`
--- as its first argument, as Tarantool does). Returns the function and the object, if any.
+-- CALL of a global function by name: `f`, `app.handler`, or `app:method` (called with `app`
+-- as its first argument, as Tarantool does). Looked up inside the job, as user metamethods
+-- may run.
 local function lookup(path)
     local v = G
     for part in string.gmatch(path, '[^.]+') do
@@ -477,22 +691,46 @@ local function lookup(path)
     end
     return v
 end
-function internal.global_function(name)
+local function not_defined(name)
+    error(new_error(py.no_such_proc_code, string_format(py.no_such_proc_format, name)), 0)
+end
+local find = string.find
+function internal.call_global(name, ...)
+    if not find(name, '[.:]') then  -- a plain global, the common case
+        local fn = G[name]
+        if type(fn) ~= 'function' then not_defined(name) end
+        return fn(...)
+    end
     local object_path, method = string.match(name, '^(.+):([^.:]+)$')
     if object_path then
         local object = lookup(object_path)
-        if type(object) ~= 'table' then return nil, nil end
-        local fn = object[method]
-        if type(fn) == 'function' then return fn, object end
-        return nil, nil
+        local fn = type(object) == 'table' and object[method] or nil
+        if type(fn) ~= 'function' then not_defined(name) end
+        return fn(object, ...)
     end
-    local v = lookup(name)
-    if type(v) == 'function' then return v, nil end
-    return nil, nil
+    local fn = lookup(name)
+    if type(fn) ~= 'function' then not_defined(name) end
+    return fn(...)
 end
 
-function internal.collect()
-    collectgarbage('collect')
+-- New global names are counted as user code makes them (a metatable on the sandbox table), so
+-- the driver walks the globals (user_functions) only when the count moved. Should user code
+-- take that metatable away, the count is -1 and the driver walks them after every job.
+local made = 0
+local globals_mt = {}
+local function new_global(t, k, v)
+    made = made + 1
+    rawset(t, k, v)
 end
+globals_mt.__newindex = new_global
+count_globals = function()
+    if getmetatable(G) ~= globals_mt or globals_mt.__newindex ~= new_global then return -1 end
+    return made
+end
+G.rawset = function(t, k, v)
+    if t == G and rawget(t, k) == nil then made = made + 1 end
+    return rawset(t, k, v)
+end
+setmetatable(G, globals_mt)
 
 return internal

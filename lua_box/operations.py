@@ -33,6 +33,8 @@ class Job:
     set_delimiter: Callable[[str], None] | None = None
 
 
+_MAX_SPACE_ENTRIES = 4096
+
 # Space methods called from Lua, counted in box.stat() like the requests they stand for.
 _COUNTED_AS = {
     "select": "SELECT", "get": "SELECT", "insert": "INSERT", "replace": "REPLACE",
@@ -122,6 +124,9 @@ class Operations:
         self.users = users
         self.procedures = procedures
         self.stats = stats  # request counters (iproto_server.request_stats), shown by box.stat()
+        # Space methods by (space id, index id, method): the entries look the space up at each
+        # call, so they stay valid across DDL; the names come from Lua, so the dict is bounded.
+        self._space_entries: dict[tuple[Any, Any, Any], Any] = {}
         self._table: dict[str, Callable[..., Any]] = {
             "call": self.call,
             "space": self.space,
@@ -141,6 +146,9 @@ class Operations:
             "func_drop": self.func_drop,
             "func_exists": self.func_exists,
         }
+
+    def by_name(self) -> dict[str, Callable[..., Any]]:
+        return dict(self._table)
 
     def get(self, name: str) -> Callable[..., Any]:
         op = self._table.get(name)
@@ -163,9 +171,16 @@ class Operations:
 
     def space(self, job: Job, space_id: Any, iid: Any, method: Any, *args: Any) -> Any:
         """``box.space[id].index[iid]:method(...)`` through the registry's space methods."""
-        entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
+        key = (space_id, iid, method) if type(space_id) is int and type(iid) is int and type(method) is str else None
+        entry = self._space_entries.get(key)
         if entry is None:
-            raise BoxError(ER.NO_SUCH_PROC, f"space method '{method}'")
+            entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
+            if entry is None:
+                raise BoxError(ER.NO_SUCH_PROC, f"space method '{method}'")
+            if key is not None:
+                if len(self._space_entries) >= _MAX_SPACE_ENTRIES:
+                    self._space_entries.clear()
+                self._space_entries[key] = entry
         counted = _COUNTED_AS.get(method)
         if counted is not None and self.stats is not None:
             self.stats.count_name(counted)

@@ -1,5 +1,6 @@
 # C declarations of space.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
+cimport storage.keys as keys
 cdef class Index:
     cdef public object defn
     cdef public object space
@@ -15,6 +16,15 @@ cdef class Index:
     cdef tuple _accepts
     cdef public object fast_key
     cdef public object db
+
+
+cdef class Space
+
+
+cdef class _ReplaceOnly:
+    cdef Space space
+    cdef bytes pk_stored
+    cdef bytes raw
 
 
 cdef class Space:

@@ -29,6 +29,7 @@ from spaces.definitions import IndexDef, SpaceDef
 from spaces.msgpack_values import pack, unpack
 from spaces.update import UpdateOp, apply_ops
 from storage import keys
+from storage import keys as key_encoding
 from storage.commit import GroupCommitter
 from storage.environment import Storage, StorageError
 
@@ -60,9 +61,10 @@ def _both(raw: bytes | None, fields: list[Any] | None) -> tuple[bytes, list[Any]
 
 _NIL_PART = keys.encode_part(None)
 
+# (Looked up on the module object: ``keys`` here is also the compiled module's C interface.)
 _FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
-    fieldtypes.UNSIGNED: keys.encode_unsigned_key,
-    fieldtypes.STRING: keys.encode_string_key,
+    fieldtypes.UNSIGNED: getattr(key_encoding, "encode_unsigned_key"),  # noqa: B009
+    fieldtypes.STRING: getattr(key_encoding, "encode_string_key"),  # noqa: B009
 }
 
 
@@ -91,18 +93,19 @@ class Index:
             self.fast_key = _FAST_KEYS.get(defn.parts[0].type)
         self.db = None
 
+    @cython.locals(n=cython.Py_ssize_t, f=cython.Py_ssize_t)
     def key_of(self, fields: list[Any]) -> list[Any]:
         n = len(fields)
         return [fields[f] if f < n else None for f in self.fieldnos]
 
+    @cython.locals(n=cython.Py_ssize_t, f=cython.Py_ssize_t, parts=list)
     def entry_key(self, fields: list[Any], pk_encoded: bytes) -> tuple[bytes, bool]:
         """The full (uncut) key of this tuple's entry, and whether it is a unique-form entry."""
-        encode_part = keys.encode_part
-        if len(fields) > self._last_field:
-            encoded = b"".join([encode_part(fields[f]) for f in self.fieldnos])
-        else:  # absent trailing fields are nil
-            n = len(fields)
-            encoded = b"".join([encode_part(fields[f]) if f < n else _NIL_PART for f in self.fieldnos])
+        n = len(fields)
+        parts = []
+        for f in self.fieldnos:
+            parts.append(keys.encode_part(fields[f]) if f < n else _NIL_PART)  # absent: nil
+        encoded = b"".join(parts)
         if self.iid == 0:
             return encoded, True
         if self.unique and not (self.has_nullable and self._has_nil(fields)):
@@ -180,6 +183,22 @@ class IndexLookup:
 
     def index_named(self, name: str) -> Index:
         return _index_by_name(self.index_by_name, name, self.name)
+
+
+@cython.cclass
+class _ReplaceOnly:
+    """A REPLACE into a space with no secondary index: one put (a callable object rather than a
+    closure, which costs more to make on every write)."""
+
+    def __init__(self, space: Space, pk_stored: bytes, raw: bytes) -> None:
+        self.space = space
+        self.pk_stored = pk_stored
+        self.raw = raw
+
+    def __call__(self, txn: lmdb.Transaction) -> bytes:
+        self.space._check_alive()
+        txn.put(self.pk_stored, self.raw, True, True, False, self.space.primary.db)
+        return self.raw
 
 
 @cython.cclass
@@ -396,14 +415,7 @@ class Space:
         new_entries = self._entries(fields, pk)
 
         if mode == REPLACE and not self.secondaries:
-            pk_stored, primary_db = new_entries[0][1], primary.db
-
-            def replace_only(txn: lmdb.Transaction) -> bytes:
-                self._check_alive()
-                txn.put(pk_stored, raw, db=primary_db)
-                return raw
-
-            return replace_only
+            return _ReplaceOnly(self, new_entries[0][1], raw)
 
         def write(txn: lmdb.Transaction) -> bytes:
             self._check_alive()
@@ -415,7 +427,7 @@ class Space:
             if old is not None and self.secondaries:
                 old_entries = self._entries(decode_tuple(old), pk)
             if self.secondaries:
-                self._check_unique(txn, new_entries, pk_stored)
+                self._check_unique(txn, new_entries, pk_stored, old_entries)
             self._store(txn, raw, new_entries, old_entries)
             return raw
 
@@ -450,8 +462,9 @@ class Space:
                 raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
             self.check_tuple(new_fields)
             new_entries = self._entries(new_fields, pk)
-            self._check_unique(txn, new_entries, pk_stored)
-            self._store(txn, new_raw, new_entries, self._entries(fields, pk))
+            old_entries = self._entries(fields, pk)
+            self._check_unique(txn, new_entries, pk_stored, old_entries)
+            self._store(txn, new_raw, new_entries, old_entries)
             return new_raw
 
         return self._prepare_by_key(0, key, rewrite)
@@ -545,17 +558,30 @@ class Space:
         self.check_tuple(new_fields)
         raw = pack(new_fields)
         new_entries = self._entries(new_fields, pk)
-        self._check_unique(txn, new_entries, pk_stored)
-        self._store(txn, raw, new_entries, self._entries(fields, pk))
+        old_entries = self._entries(fields, pk)
+        self._check_unique(txn, new_entries, pk_stored, old_entries)
+        self._store(txn, raw, new_entries, old_entries)
         return raw
 
-    def _check_unique(self, txn: lmdb.Transaction, entries: list[tuple[Index, bytes, bool]], pk_stored: bytes) -> None:
-        for index, stored, unique_form in entries[1:]:
-            if unique_form:
-                holder = txn.get(stored, db=index.db)
-                if holder is not None and holder != pk_stored:
-                    raise BoxError(ER.TUPLE_FOUND, index.name, self.name)
+    @cython.locals(i=cython.Py_ssize_t)
+    def _check_unique(
+        self,
+        txn: lmdb.Transaction,
+        entries: list[tuple[Index, bytes, bool]],
+        pk_stored: bytes,
+        old_entries: list[tuple[Index, bytes, bool]] | None = None,
+    ) -> None:
+        """No other tuple holds a unique key of ``entries`` (keys the tuple already had are
+        skipped: they are its own)."""
+        for i in range(1, len(entries)):
+            index, stored, unique_form = entries[i]
+            if not unique_form or (old_entries is not None and old_entries[i][1] == stored):
+                continue
+            holder = txn.get(stored, None, index.db)
+            if holder is not None and holder != pk_stored:
+                raise BoxError(ER.TUPLE_FOUND, index.name, self.name)
 
+    @cython.locals(i=cython.Py_ssize_t)
     def _store(
         self,
         txn: lmdb.Transaction,
@@ -563,11 +589,14 @@ class Space:
         new_entries: list[tuple[Index, bytes, bool]],
         old_entries: list[tuple[Index, bytes, bool]] | None,
     ) -> None:
+        """Write the tuple and its index entries; an entry that did not change is left as it is."""
         pk_stored = new_entries[0][1]
-        txn.put(pk_stored, raw, db=new_entries[0][0].db)
-        if old_entries is not None:
-            for (index, old_key, _), (_, new_key, _) in zip(old_entries[1:], new_entries[1:], strict=True):
-                if old_key != new_key:
-                    txn.delete(old_key, db=index.db)
-        for index, stored, _ in new_entries[1:]:
-            txn.put(stored, pk_stored, db=index.db)
+        txn.put(pk_stored, raw, True, True, False, new_entries[0][0].db)
+        for i in range(1, len(new_entries)):
+            index, stored, _unique = new_entries[i]
+            if old_entries is not None:
+                old_key = old_entries[i][1]
+                if old_key == stored:
+                    continue
+                txn.delete(old_key, b"", index.db)
+            txn.put(stored, pk_stored, True, True, False, index.db)

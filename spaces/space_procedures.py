@@ -8,6 +8,7 @@ Lua engine: select, get, insert, replace, update, upsert, delete, len, count, tr
 from __future__ import annotations
 
 import re
+from collections.abc import Coroutine
 from typing import Any
 
 from errcodes import ER, BoxError
@@ -50,7 +51,7 @@ def space_method_resolver(catalog: Catalog):
             return None
         space_ref, index_ref, method = match.groups()
 
-        async def call(ctx: CallContext, *args: Any) -> list[Any]:
+        def call(ctx: CallContext, *args: Any) -> list[Any] | Coroutine[Any, Any, list[Any]]:
             ref: int | str = int(space_ref) if space_ref.isdigit() else space_ref
             space = catalog.lookup(ref)
             privilege = acl.WRITE if method in _WRITES else acl.READ
@@ -66,14 +67,16 @@ def space_method_resolver(catalog: Catalog):
             iid = 0
             if index_ref is not None:
                 iid = int(index_ref) if index_ref.isdigit() else space.index_named(index_ref).iid
-            return await _run(space, iid, method, list(args), ctx)
+            if method in _READS:  # answered at once: a read never waits
+                return _read(space, iid, method, list(args), ctx)
+            return _write(space, iid, method, list(args))
 
         return make_entry(name, call, writes=match.group(3) in _WRITES)
 
     return resolve
 
 
-async def _run(space: Space | SystemView, iid: int, method: str, args: list[Any], ctx: CallContext) -> list[Any]:
+def _read(space: Space | SystemView, iid: int, method: str, args: list[Any], ctx: CallContext) -> list[Any]:
     arg = args[0] if args else None
     if method == "select":
         opts = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
@@ -99,6 +102,11 @@ async def _run(space: Space | SystemView, iid: int, method: str, args: list[Any]
             return [space.len(ctx.user)]
         opts = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
         return [space.count(iid, _iterator(opts.get("iterator", it.EQ if arg else it.ALL)), _key(arg))]
+    raise BoxError(ER.NO_SUCH_PROC, method)
+
+
+async def _write(space: Space | SystemView, iid: int, method: str, args: list[Any]) -> list[Any]:
+    arg = args[0] if args else None
     assert isinstance(space, Space)
     if method in ("insert", "replace"):
         if type(arg) is not list:

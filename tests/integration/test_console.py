@@ -11,6 +11,7 @@ import select
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -383,6 +384,7 @@ def test_lua_functions_are_callable(console, conn):
     fn = unique("double")
     assert console.run(f"function {fn}(x) return x * 2, 'done' end") == EMPTY
     assert conn.call(fn, [21]).data == [42, "done"]
+    assert fn in [row[2] for row in conn.select(297).data]  # listed in _vfunc
     c16 = tarantool.Connection("127.0.0.1", conn.port, call_16=True)
     assert c16.call(fn, [21]).data == [[42], ["done"]]
     c16.close()
@@ -395,6 +397,12 @@ def test_lua_functions_are_callable(console, conn):
     with pytest.raises(DatabaseError) as err:
         conn.call(fn, [1])
     assert err.value.args == (33, f"Procedure '{fn}' is not defined")
+    assert fn not in [row[2] for row in conn.select(297).data]
+    # a global that held something else becomes a function: callable although no new name appeared
+    again = unique("late")
+    conn.eval(f"{again} = 5")
+    conn.eval(f"{again} = function() return 'late' end")
+    assert conn.call(again).data == ["late"]
 
 
 def test_functions_in_global_tables_are_callable(console, conn):
@@ -452,6 +460,129 @@ def test_runaway_script_is_stopped_while_others_are_served(console, conn):
     assert select.select([console.sock], [], [], 0)[0] == []
     assert console.answer().decode() == LIMIT_ERROR
     assert console.run("1 + 1") == "---\n- 2\n...\n"
+
+
+def eval_error(conn: tarantool.Connection, code: str, args: list | None = None) -> tuple:
+    """The (code, message) an EVAL that must fail answers."""
+    with pytest.raises(DatabaseError) as err:
+        conn.eval(code, args or [])
+    return err.value.args
+
+
+class Background:
+    """A request on its own connection in a thread, so the test can talk to the server meanwhile."""
+
+    def __init__(self, port: int, code: str, args: list | None = None) -> None:
+        self.conn = tarantool.connect("127.0.0.1", port)
+        self.result: object = None
+        self.error: DatabaseError | None = None
+        self.thread = threading.Thread(target=self._run, args=(code, args or []), daemon=True)
+        self.thread.start()
+
+    def _run(self, code: str, args: list) -> None:
+        try:
+            self.result = self.conn.eval(code, args).data
+        except DatabaseError as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 30) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive()
+        self.conn.close()
+
+
+@pytest.mark.parametrize(
+    ("runaway", "lua_meanwhile"),
+    [
+        ("while true do end", True),  # starts on the event loop, moves to the Lua thread
+        ("pcall(function() while true do end end)", True),
+        ("local co = coroutine.wrap(function() while true do end end) co()", True),
+        # a comparator cannot yield: the Lua thread is its own until the limit, the loop is not
+        ("table.sort({3, 2, 1}, function(a, b) while true do end end)", False),
+    ],
+)
+def test_runaway_eval_is_stopped_while_others_are_served(lua_server, conn, runaway, lua_meanwhile):
+    started = time.monotonic()
+    runaway_job = Background(lua_server.port, runaway)
+    time.sleep(0.3)
+    for i in range(5):
+        if lua_meanwhile:  # Lua from another connection runs meanwhile
+            assert conn.eval("return ... + 1", [i]).data == [i + 1]
+            assert conn.eval("return box.space.queue:len()").data[0] >= 0
+        assert conn.ping(notime=True) == "Success"
+        assert conn.select("queue", limit=1) is not None
+        assert conn.call("box.session.id").data[0] > 0
+    assert runaway_job.thread.is_alive()  # all that was answered while the runaway still ran
+    runaway_job.join()
+    assert runaway_job.error is not None
+    assert runaway_job.error.args == (32, "Lua time limit exceeded (2 s)")
+    assert time.monotonic() - started > 1.9  # it did run for its whole time limit
+    assert conn.eval("return 'after'").data == ["after"]
+
+
+def test_eval_take_waits_without_blocking_others(lua_server, conn):
+    tube = unique("ev")
+    taker = Background(lua_server.port, "return box.queue.take(0, ..., 10)", [tube])
+    time.sleep(0.3)
+    assert conn.eval("return 7").data == [7]
+    assert taker.thread.is_alive()
+    conn.call("box.queue.put", [0, tube, 0, 0, 0, 0, "for the waiting eval"])
+    taker.join()
+    assert taker.error is None
+    assert taker.result[0][1:] == [tube, "taken", "for the waiting eval"]
+
+
+def test_repeated_chunks_give_the_same_results(conn):
+    """A repeated EVAL reuses its compiled chunk: locals start afresh, globals carry over as
+    they would if it were compiled again, arguments and errors are each call's own."""
+    name = unique("counter")
+    chunk = f"local seen = {{}} seen[#seen + 1] = ... {name} = ({name} or 0) + 1 return #seen, ..., {name}"
+    for i in range(1, 4):
+        assert conn.eval(chunk, [f"arg{i}"]).data == [1, f"arg{i}", i]
+    for _ in range(2):
+        assert eval_error(conn, "error(...)", ["again"]) == (32, "eval:1: again")
+        assert eval_error(conn, "return 1 +") == (32, "eval:1: unexpected symbol near '<eof>'")
+
+
+def test_lua_that_calls_back_from_c_moves_and_keeps_lua_semantics(conn):
+    """sort comparators, gsub callbacks, __tostring in format, xpcall handlers, user coroutines
+    and long loops inside them: results as plain LuaJIT gives them."""
+    assert conn.eval(
+        "local t = {} for i = 1, 3000 do t[i] = (i * 7919) % 3001 end "
+        "table.sort(t, function(a, b) return a > b end) return t[1], t[3000], #t"
+    ).data == [3000, 1, 3000]
+    assert conn.eval("return (string.gsub('a-b-c', '%a', function(c) return c:upper() end))").data == ["A-B-C"]
+    assert conn.eval("return ('x'):rep(3):gsub('x', {x = 'y'})").data == ["yyy", 3]
+    assert conn.eval(
+        "local v = setmetatable({}, {__tostring = function() return 'V' end}) return string.format('%s!', v)"
+    ).data == ["V!"]
+    assert conn.eval(
+        "return xpcall(function() error('e', 0) end, function(e) return e .. box.session.id() end)"
+    ).data[:1] == [False]
+    assert conn.eval("return xpcall(function() error('a') end, function() error('b') end)").data == [
+        False, "error in error handling"]
+    assert conn.eval(
+        "local co = coroutine.wrap(function(a) local x = 0 for i = 1, 3e6 do x = x + 1 end "
+        "local b = coroutine.yield(a + x) return b * 2, box.session.id() ~= nil end) "
+        "return co(1), co(10)"
+    ).data == [3000001, 20, True]
+    assert conn.eval(
+        "local co = coroutine.create(function() for i = 1, 2e6 do end coroutine.yield() return 'end' end) "
+        "local a = {coroutine.resume(co)} local b = {coroutine.resume(co)} return #a, a[1], b[2]"
+    ).data == [1, True, "end"]
+    assert eval_error(conn, "table.sort(nil)") == (32, "eval:1: bad argument #1 to 'sort' (table expected, got nil)")
+    assert eval_error(conn, "string.gsub('a', 'a', function() return box.space.queue:len() end)") == (
+        32, "attempt to yield across C-call boundary")
+
+
+def test_a_job_coroutine_cannot_be_resumed_by_user_code(conn):
+    """Job coroutines are reused by the driver: one saved by a chunk stays out of reach."""
+    name = unique("saved")
+    assert conn.eval(f"{name} = coroutine.running() return coroutine.resume({name})").data == [
+        False, "cannot resume non-suspended coroutine"]
+    assert conn.eval(f"return coroutine.resume({name}, error, 'x')").data == [
+        False, "cannot resume non-suspended coroutine"]
+    assert conn.eval("return 1 + 1").data == [2]
 
 
 def test_pcall_cannot_swallow_the_limit(console):
