@@ -143,6 +143,7 @@ class LuaEngine:
         printed = logging.getLogger("lua_box.print")
         self._limit_message = f"Lua time limit exceeded ({limits.time_limit_s:g} s)"
         self.usage = LuaUsage()  # jobs, their Lua time and limit hits, for the metrics
+        self.quick_jobs = 0  # jobs that finished in their first stretch on the loop (see usage)
         self._memory_message = f"Lua memory limit exceeded ({limits.memory_limit_bytes} bytes)"
         values_for_init = {
             b"clock": time.monotonic,
@@ -292,9 +293,7 @@ class LuaEngine:
             if out is not None and out[0] == b"done" and out[2] is True and out[1] == self._globals_seen and not raw:
                 if len(self._idle) < IDLE_WORKERS:
                     self._idle.append(self._started)
-                usage = self.usage
-                usage.jobs += 1
-                usage.seconds += _now() - began
+                self.quick_jobs += 1  # not timed: a clock read would cost ~4% of an EVAL
                 return self.values.from_results(out, 3, raw)  # the common case
             run = _Run(ctx, set_delimiter, raw, prepare, a, b)
             run.co = self._started

@@ -235,10 +235,11 @@ class BoxqueueCollector(Collector):
             return
         usage = lua.usage
         yield CounterMetricFamily("boxqueue_lua_jobs", "Lua jobs run (console statements, EVAL chunks, "
-                                  "Lua functions called over CALL)", value=usage.jobs)
+                                  "Lua functions called over CALL)", value=usage.jobs + lua.quick_jobs)
         yield CounterMetricFamily("boxqueue_lua_failed_jobs", "Lua jobs that ended with an error",
                                   value=usage.failed)
-        yield CounterMetricFamily("boxqueue_lua_seconds", "Time spent running Lua (waits for box excluded)",
+        yield CounterMetricFamily("boxqueue_lua_seconds", "Time spent running Lua (waits for box excluded) by "
+                                  "the jobs that did not finish in their first stretch on the event loop",
                                   value=usage.seconds)
         hits = CounterMetricFamily("boxqueue_lua_limit_hits", "Lua jobs stopped by a limit", labels=["limit"])
         hits.add_metric(["time"], usage.time_limit_hits)

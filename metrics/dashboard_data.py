@@ -104,7 +104,7 @@ def other_figures(o: Observed) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if o.lua is not None:
         usage = o.lua.usage
-        out["lua"] = {"jobs": usage.jobs, "failed": usage.failed, "seconds": usage.seconds,
+        out["lua"] = {"jobs": usage.jobs + o.lua.quick_jobs, "failed": usage.failed, "seconds": usage.seconds,
                       "time_limit_hits": usage.time_limit_hits, "memory_limit_hits": usage.memory_limit_hits,
                       "memory": o.lua.memory_used()}
     if o.broadcast is not None:
