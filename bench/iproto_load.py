@@ -29,6 +29,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Iterable, Sequence
@@ -552,6 +553,8 @@ class Server:
         self.target = target
         self.wal = wal
         self.port = free_port()
+        # --metrics: boxqueue also serves /metrics and the dashboard (scraped by Scraper)
+        self.metrics_port = free_port() if target == "ours" and getattr(args, "metrics", False) else None
         self.tmp = Path(tempfile.mkdtemp(prefix=f"iproto-bench-{target}-{wal}-"))
         self.log_path = self.tmp / "server.log"
         self.command, self.env = self._command(args)
@@ -585,6 +588,7 @@ indexes = [
   {{ name = "primary", type = "TREE", unique = true, parts = [{{ field = 0, type = "unsigned" }}] }},
 ]
 """
+            + (f'\n[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n' if self.metrics_port else "")
         )
         script = Path(sys.executable).parent / "boxqueue"
         if script.exists():
@@ -824,6 +828,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="load generator processes (connections are spread over them)",
     )
     parser.add_argument("--rows", type=int, default=100_000, help="rows preloaded into space 512")
+    parser.add_argument("--metrics", action="store_true",
+                        help="boxqueue serves [metrics] and /metrics is scraped during the run")
+    parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (--metrics)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--tarantool-bin", default=shutil.which("tarantool") or "tarantool")
     parser.add_argument(
@@ -840,10 +847,50 @@ def plan(ops: Sequence[str], wal_modes: Sequence[str]) -> list[tuple[str, list[s
     return [(wal, step_ops) for wal, step_ops in steps if step_ops]
 
 
+class Scraper:
+    """GETs /metrics every ``interval`` seconds in a thread, as Prometheus would, while the load
+    runs; reports how many scrapes there were and how long they took."""
+
+    def __init__(self, port: int | None, interval: float) -> None:
+        self.port = port
+        self.interval = interval
+        self.times: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        while not self._stop.wait(self.interval):
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(url, timeout=30) as response:
+                    response.read()
+            except OSError:
+                self.failures += 1
+                continue
+            self.times.append(time.perf_counter() - t0)
+
+    def __enter__(self) -> Scraper:
+        if self.port is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.port is not None:
+            self._stop.set()
+            self._thread.join(timeout=60)
+            mean = 1000 * sum(self.times) / len(self.times) if self.times else float("nan")
+            print(f"[scraper] {len(self.times)} scrapes of /metrics, {mean:.1f} ms each on average, "
+                  f"{self.failures} failed", flush=True)
+
+
 def run_target(target: str, args: argparse.Namespace, results: list[Measurement]) -> None:
     for wal, ops in plan(args.ops, args.wal):
         print(f"[{target}] starting server, wal={wal}", flush=True)
-        with Server(target, wal, args) as server:
+        with Server(target, wal, args) as server, Scraper(server.metrics_port, args.scrape_interval):
             if {"select", "replace", "eval_get"} & set(ops):
                 t0 = time.monotonic()
                 preload(server.port, args.rows)

@@ -91,8 +91,8 @@ def drive(port: int, op: str, total: int, rows: int, connections: int = 16, infl
         sock.close()
 
 
-def instructions(op: str, count: int, rows: int, wal: str, keep: Path | None) -> int:
-    args = argparse.Namespace(memtx_memory=0, tarantool_bin="tarantool")
+def instructions(op: str, count: int, rows: int, wal: str, keep: Path | None, metrics: bool = False) -> int:
+    args = argparse.Namespace(memtx_memory=0, tarantool_bin="tarantool", metrics=metrics)
     server = load.Server("ours", wal, args)
     out = keep if keep is not None else "/dev/null"
     config = server.command[server.command.index("--config") + 1]
@@ -125,6 +125,8 @@ def main() -> int:
     parser.add_argument("--wal", default="none", help="wal mode of the server (fsync, write, none)")
     parser.add_argument("--keep", type=Path, help="keep the longer run's callgrind profile here")
     parser.add_argument("--profile", type=int, metavar="N", help="print the N costliest functions per request")
+    parser.add_argument("--metrics", action="store_true",
+                        help="the server has a [metrics] listener (per-chunk latency on; nobody scrapes)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed", file=sys.stderr)
@@ -133,9 +135,10 @@ def main() -> int:
         if op not in OPS:
             parser.error(f"unknown op {op}")
         profiles = [Path(tempfile.mkdtemp()) / "short.cg", Path(tempfile.mkdtemp()) / "long.cg"] if args.profile else [None, args.keep]
-        short = instructions(op, args.count, args.rows, args.wal, profiles[0])
-        long = instructions(op, 2 * args.count, args.rows, args.wal, profiles[1])
-        print(f"{op:8s} {(long - short) / args.count:9,.0f} instructions/request (wal {args.wal})", flush=True)
+        short = instructions(op, args.count, args.rows, args.wal, profiles[0], args.metrics)
+        long = instructions(op, 2 * args.count, args.rows, args.wal, profiles[1], args.metrics)
+        shown = f"wal {args.wal}" + (", metrics on" if args.metrics else "")
+        print(f"{op:8s} {(long - short) / args.count:9,.0f} instructions/request ({shown})", flush=True)
         if args.profile:
             print_profile_difference(*profiles, args.count, args.profile)
 

@@ -26,6 +26,7 @@ from boxqueue.config_types import (
     DEFAULT_DATA_DIR,
     DEFAULT_DECKARD_LISTEN,
     DEFAULT_LISTEN,
+    DEFAULT_METRICS_LISTEN,
     DEFAULT_SONYA_LISTEN,
     DEFAULT_ZAQAR_LISTEN,
     ENGINES,
@@ -45,6 +46,7 @@ from boxqueue.config_types import (
     IprotoConfig,
     Key,
     LuaConfig,
+    MetricsConfig,
     PartConfig,
     SonyaConfig,
     SpaceConfig,
@@ -62,7 +64,7 @@ _MISSING: Any = object()
 
 _TOP = frozenset(
     {"data_dir", "tarantool_cfg", "iproto", "wal", "guest", "users", "space",
-     "deckard", "zaqar", "sonya", "lua"}
+     "deckard", "zaqar", "sonya", "lua", "metrics"}
 )
 _IPROTO = frozenset(
     {"listen", "read_only_listen", "admin_listen", "max_packet_bytes",
@@ -149,6 +151,7 @@ class TomlReader:
             zaqar=self.zaqar(root),
             sonya=self.sonya(root),
             lua=self.lua(root),
+            metrics=self.metrics(root),
         )
         self.check_listeners(config)
         return config
@@ -163,6 +166,7 @@ class TomlReader:
                 (("deckard", "listen"), config.deckard.listen if config.deckard else None),
                 (("zaqar", "listen"), config.zaqar.listen if config.zaqar else None),
                 (("sonya", "listen"), config.sonya.listen if config.sonya else None),
+                (("metrics", "listen"), config.metrics.listen if config.metrics else None),
             ]
         )
         if clash is not None:
@@ -511,6 +515,19 @@ class TomlReader:
             longpoll_max_wait_s=self.number(t, path, "longpoll_max_wait_s", 30.0, minimum=0),
             task_events=tuple(self.strings(t, path, "task_events", ())),
             listener_buffer=self.integer(t, path, "listener_buffer", 1024, minimum=1),
+            tls=self.tls(t, path),
+            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
+            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+        )
+
+    def metrics(self, root: dict[str, Any]) -> MetricsConfig | None:
+        if "metrics" not in root:
+            return None
+        path: Key = ("metrics",)
+        t = self.table(root["metrics"], path, {"listen", "public", "tls", "max_connections", "header_timeout_s"})
+        return MetricsConfig(
+            listen=self.address(t, path, "listen", DEFAULT_METRICS_LISTEN),
+            public=self.boolean(t, path, "public", False),
             tls=self.tls(t, path),
             max_connections=self.integer(t, path, "max_connections", None, minimum=1),
             header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),

@@ -168,6 +168,17 @@ class SonyaConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus ``/metrics`` and the dashboard at ``/`` (off when the section is absent)."""
+
+    listen: Address
+    public: bool = False  # True: /metrics needs no login even with [[users]]
+    tls: TlsConfig | None = None
+    max_connections: int | None = None
+    header_timeout_s: float = 20.0  # accept to the end of the first request's head
+
+
+@dataclass(frozen=True)
 class LuaConfig:
     """Limits of the embedded Lua (admin console, EVAL, Lua functions called over CALL)."""
 
@@ -189,12 +200,14 @@ class Config:
     zaqar: ZaqarConfig | None
     sonya: SonyaConfig | None
     lua: LuaConfig = LuaConfig()
+    metrics: MetricsConfig | None = None  # None: no metrics listener
 
 
 DEFAULT_LISTEN = Address("127.0.0.1", 3301)
 DEFAULT_DECKARD_LISTEN = Address("127.0.0.1", 8081)
 DEFAULT_ZAQAR_LISTEN = Address("127.0.0.1", 8888)
 DEFAULT_SONYA_LISTEN = Address("127.0.0.1", 8080)
+DEFAULT_METRICS_LISTEN = Address("127.0.0.1", 9100)
 DEFAULT_DATA_DIR = "data"
 WAL_MODES = ("fsync", "write", "none")
 ENGINES = ("memtx", "vinyl")

@@ -8,13 +8,14 @@ lets the group committer commit what is queued and closes LMDB.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
 
-from boxqueue.config import Address, Config, SonyaConfig, SpaceConfig, ZaqarConfig
+from boxqueue.config import Address, Config, MetricsConfig, SonyaConfig, SpaceConfig, ZaqarConfig
 from boxqueue.tls import pem_files, server_context
 from errcodes import BoxError
 from facades.asgi_serving import Listening
@@ -29,6 +30,9 @@ from iproto_server.request_stats import RequestStats
 from iproto_server.server import IprotoServer
 from iproto_server.session import Session
 from lua_box.engine import LuaEngine, LuaLimits
+from measures import Histogram, RequestMeter
+from metrics.app import serve_metrics
+from metrics.observed import READY, RECOVERING, STOPPING, Observed
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.definitions import FieldDef
@@ -54,7 +58,28 @@ class Ports:
     iproto: int | None = None
     read_only: int | None = None
     admin: int | None = None
-    extra: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, int] = field(default_factory=dict)  # deckard, zaqar, sonya, metrics
+
+
+def metered_statements(run: Callable[..., Awaitable[Any]], meter: RequestMeter) -> Callable[..., Awaitable[Any]]:
+    """The console's statement runner, counting each statement (ok, or its error code) in ``meter``."""
+
+    async def run_statement(ctx: Any, line: str, set_delimiter: Callable[[str], None]) -> Any:
+        started = meter.begin()
+        outcome = None
+        try:
+            outcome = await run(ctx, line, set_delimiter)
+            return outcome
+        finally:
+            error = None if outcome is not None and outcome.ok else getattr(outcome, "error", None)
+            if outcome is not None and outcome.ok:
+                meter.record("statement", started)
+            elif error is not None:
+                meter.record("statement", started, str(error.code), error.message)
+            else:
+                meter.record("statement", started, "exception", "the statement was interrupted")
+
+    return run_statement
 
 
 def configure_access(config: Config) -> acl.AccessControl:
@@ -122,7 +147,7 @@ def cfg_view(config: Config) -> dict[str, object]:
     return {k: v for k, v in view.items() if v is not None}
 
 
-def http_listening(section: ZaqarConfig | SonyaConfig) -> Listening:
+def http_listening(section: ZaqarConfig | SonyaConfig | MetricsConfig) -> Listening:
     """How an HTTP listener accepts: TLS, its connection limit, the head timeout (the metrics
     listener's section has the same three keys)."""
     tls = section.tls
@@ -138,6 +163,7 @@ class Server:
         self.config = config
         self.handle_signals = handle_signals
         self.ports = Ports()
+        self.observed = Observed()  # what the metrics listener reads, filled in as parts start
         self._stop = trio.Event()
         self.storage: Storage | None = None
         self.catalog: Catalog | None = None
@@ -159,17 +185,55 @@ class Server:
                 return
 
     async def run(self, *, task_status: trio.TaskStatus[Ports] = trio.TASK_STATUS_IGNORED) -> None:
+        """The metrics listener starts first, so it can report "recovering" while storage opens
+        and the engine rebuilds its tubes; it stops last."""
         config = self.config
+        access = configure_access(config)
+        metrics_stop = trio.Event()
+        async with trio.open_nursery() as outermost:
+            if config.metrics is not None:
+                listen = config.metrics.listen
+                self.ports.extra["metrics"] = await outermost.start(
+                    lambda task_status: serve_metrics(
+                        self.observed, listen.host, listen.port, metrics_stop,
+                        access=access if config.users else None, public=config.metrics.public,
+                        listening=http_listening(config.metrics),
+                        task_status=task_status,
+                    )
+                )
+            try:
+                await self._serve(access, task_status)
+            finally:
+                self.observed.state = STOPPING
+                metrics_stop.set()
+
+    async def _serve(self, access: acl.AccessControl, task_status: trio.TaskStatus[Ports]) -> None:
+        config = self.config
+        observed = self.observed
         wal = config.wal
-        storage = self.storage = Storage(
-            config.data_dir,
-            wal.mode,
-            checkpoint_interval_s=wal.checkpoint_interval_s,
-            checkpoint_bytes=wal.checkpoint_bytes,
+        # Off the event loop: opening may take a while (a log to replay) and the metrics answer meanwhile.
+        storage = self.storage = await trio.to_thread.run_sync(
+            partial(
+                Storage,
+                config.data_dir,
+                wal.mode,
+                checkpoint_interval_s=wal.checkpoint_interval_s,
+                checkpoint_bytes=wal.checkpoint_bytes,
+            )
         )
+        observed.storage = storage
         try:
             committer = GroupCommitter(storage, rejections=(BoxError,))
-            catalog = self.catalog = Catalog(storage, committer, configure_access(config))
+            catalog = self.catalog = Catalog(storage, committer, access)
+            observed.committer, observed.catalog = committer, catalog
+            if storage.log is not None:
+                wal_log = storage.log
+                observed.gauges.add(
+                    "boxqueue_wal_bytes", "Bytes in the write-ahead log since its last checkpoint", lambda: wal_log.size
+                )
+                observed.gauges.add_counter(
+                    "boxqueue_wal_checkpoints", "Checkpoints of the write-ahead log", lambda: committer.checkpoints
+                )
             catalog.load()
             procedures = Procedures(catalog.functions)
             register_builtins(procedures, catalog)
@@ -188,10 +252,11 @@ class Server:
 
             dispatcher = Dispatcher(catalog, procedures, eval_handler=eval_handler, stats=stats)
             iproto_tls = server_context(config.iproto.tls) if config.iproto.tls is not None else None
+            console_meter = observed.meter("console")
             console = ConsoleServer(
-                catalog, lua.console, require_login=bool(config.users),
+                catalog, metered_statements(lua.console, console_meter), require_login=bool(config.users),
                 max_statement_bytes=config.iproto.max_packet_bytes,
-                ssl_context=iproto_tls, max_connections=config.iproto.max_connections,
+                ssl_context=iproto_tls, max_connections=config.iproto.max_connections, meter=console_meter,
             )
             self.procedures = procedures
             self.dispatcher = dispatcher
@@ -202,9 +267,12 @@ class Server:
                 max_inflight=config.iproto.max_inflight_per_connection,
                 ssl_context=iproto_tls,
                 max_connections=config.iproto.max_connections,
+                # Latency per chunk costs two clock reads per chunk: only when someone looks.
+                latency=Histogram() if config.metrics is not None else None,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
             box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
+            observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
                 catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
@@ -214,6 +282,7 @@ class Server:
                 await root.start(committer.run)
                 await root.start(stats.run)
                 await root.start(lua.run)
+                observed.state = RECOVERING
                 await create_configured_spaces(catalog, config.spaces)
                 await self._own_spaces(engine)
                 await self._open_broadcast(engine)
@@ -227,9 +296,11 @@ class Server:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
                                     await self._start_listeners(listeners, connections, iproto, console)
+                                    observed.state = READY
                                     log.info("boxqueue is ready")
                                     task_status.started(self.ports)
                                     await self._stop.wait()
+                                    observed.state = STOPPING
                                     listening.cancel()
                             # The HTTP facades drain at the same time as the iproto connections.
                             facades_stop()
@@ -240,6 +311,8 @@ class Server:
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
+            observed.state = STOPPING
+            observed.storage = None  # the metrics stop reading LMDB before it closes
             storage.close()
             log.info("boxqueue stopped")
 
@@ -278,6 +351,7 @@ class Server:
             self.catalog, max_key_updates=sonya.max_key_updates, listener_buffer=sonya.listener_buffer
         )
         await broadcast.open()
+        self.observed.broadcast = broadcast
         for tube in sonya.task_events:  # S11: a tube's event queue exists with the tube
             await broadcast.create(tube)
         if sonya.task_events:
@@ -309,6 +383,7 @@ class Server:
                     default_project=zaqar.default_project,
                     auth=TokenAuth((t.token, t.project) for t in zaqar.tokens) if zaqar.auth == "token" else None,
                     listening=http_listening(zaqar),
+                    meter=self.observed.meter("zaqar"),
                     task_status=task_status,
                 )
             )
@@ -325,6 +400,7 @@ class Server:
                     jwt_ttl_s=sonya.jwt_ttl_s,
                     longpoll_max_wait_s=sonya.longpoll_max_wait_s,
                     listening=http_listening(sonya),
+                    meter=self.observed.meter("sonya"),
                     task_status=task_status,
                 )
             )
@@ -370,5 +446,6 @@ class Server:
                 token=deckard.token,
                 tls=pem_files(deckard.tls) if deckard.tls is not None else None,
                 max_connections=deckard.max_connections,
+                meter=self.observed.meter("deckard"),
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)

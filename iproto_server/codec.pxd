@@ -36,6 +36,7 @@ cdef class RequestDecoder:
     cdef Py_ssize_t _more_len
     cdef Py_ssize_t _p
     cdef Py_ssize_t _end
+    cdef public unsigned long long packets
 
     cdef bint _gather(self, Py_ssize_t size)
     cpdef object next_event(self)

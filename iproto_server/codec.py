@@ -356,6 +356,7 @@ class RequestDecoder:
         self._more_len = 0
         self._p = 0
         self._end = 0
+        self.packets = 0  # packets framed so far (the connection counts a chunk's requests by it)
 
     @property
     def buffered(self) -> int:
@@ -416,6 +417,7 @@ class RequestDecoder:
         start = self._pos + 1 + width
         self._end = start + cython.cast(cython.Py_ssize_t, length)
         self._pos = self._end
+        self.packets += 1
         try:
             return self._decode_simple(start)
         except _NotSimple:

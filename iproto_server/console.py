@@ -28,6 +28,7 @@ from iproto_server import console_codec as cc
 from iproto_server.greeting import console_greeting
 from iproto_server.listening import serve_tcp
 from iproto_server.session import Session
+from measures import RequestMeter
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.procedures import CallContext
@@ -48,13 +49,14 @@ class ConsoleServer:
 
     def __init__(self, catalog: Catalog, run_statement: RunStatement, *, require_login: bool,
                  max_statement_bytes: int = 16 * 1024 * 1024, ssl_context: ssl.SSLContext | None = None,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, meter: RequestMeter | None = None) -> None:
         self.catalog = catalog
         self.run_statement = run_statement
         self.require_login = require_login
         self.max_statement_bytes = max_statement_bytes
         self.ssl_context = ssl_context
         self.max_connections = max_connections
+        self.meter = meter  # counts the connections (the statements are counted by run_statement)
 
     async def listen(self, host: str, port: int, connection_nursery: trio.Nursery, *,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -67,6 +69,8 @@ class ConsoleServer:
         user = access.guest if self.require_login else access.by_id[acl.ADMIN_ID]
         session = Session(await self.catalog.next_session_id(), user, peer_text)
         connection = _ConsoleConnection(self, stream, session)
+        if self.meter is not None:
+            self.meter.opened()
         try:
             await connection.serve()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -74,6 +78,8 @@ class ConsoleServer:
         except cc.StatementTooLong as exc:
             log.warning("console %s: %s, closing", peer_text, exc)
         finally:
+            if self.meter is not None:
+                self.meter.closed()
             with trio.CancelScope(shield=True):
                 await session.close()
                 await stream.aclose()

@@ -216,8 +216,8 @@ class _WriteReply:
         outbox: Outbox = self.outbox
         version: cython.ulonglong = self.dispatcher.catalog.schema_version
         if error is not None:
-            self.dispatcher.stats.errors += 1
             box_error = _as_box_error(error)
+            self.dispatcher.stats.count_error(self.rtype, box_error)
             write_response(outbox.out, self.sync, version, codec.error_body(box_error),
                            codec.ERROR_FLAG | box_error.code)
         elif result is None or not self.returns_tuple:
@@ -295,8 +295,8 @@ class Dispatcher:
             else:
                 raise BoxError(ER.UNKNOWN_REQUEST_TYPE, rtype)
         except Exception as exc:
-            self.stats.errors += 1
             error = _as_box_error(exc)
+            self.stats.count_error(rtype, error)
             write_response(out, sync, self.catalog.schema_version, codec.error_body(error),
                            codec.ERROR_FLAG | error.code)
             return None
@@ -324,6 +324,7 @@ class Dispatcher:
                 break
             if type(event) is BadRequest:
                 bad = event
+                self.stats.count_error(256, bad.error)
                 write_response(outbox.out, bad.sync, self.catalog.schema_version,
                                codec.error_body(bad.error), codec.ERROR_FLAG | bad.error.code)
                 continue
@@ -350,27 +351,30 @@ class Dispatcher:
                 if not isinstance(error, Exception):
                     error = RuntimeError(repr(error))
                 box_error = _as_box_error(_procedure_error(error))
+                self.stats.count_error(T_CALL, box_error)
                 write_response(outbox.out, sync, version, codec.error_body(box_error),
                                codec.ERROR_FLAG | box_error.code)
             outbox.answered()
 
         later.then(settled)
 
-    async def _finish(self, sync: int, pending: Awaitable[bytes]) -> bytes:
+    async def _finish(self, sync: int, pending: Awaitable[bytes], rtype: int = T_CALL) -> bytes:
         try:
             body = await pending
         except Exception as exc:
-            self.stats.errors += 1
-            return codec.error_response(sync, self.catalog.schema_version, _as_box_error(exc))
+            failure = _as_box_error(exc)
+            self.stats.count_error(rtype, failure)
+            return codec.error_response(sync, self.catalog.schema_version, failure)
         return codec.response(sync, self.catalog.schema_version, body)
 
     @cython.cfunc
-    def _submit(self, write: object, sync: cython.ulonglong, outbox: Outbox, returns_tuple: cython.bint) -> cython.void:
+    def _submit(self, write: object, sync: cython.ulonglong, outbox: Outbox, rtype: cython.ulonglong) -> cython.void:
         answer: _WriteReply = _WriteReply.__new__(_WriteReply)
         answer.dispatcher = self
         answer.sync = sync
         answer.outbox = outbox
-        answer.returns_tuple = returns_tuple
+        answer.returns_tuple = rtype != T_UPSERT
+        answer.rtype = rtype
         self.catalog.committer.submit(write, answer)
 
     # -- lookups -------------------------------------------------------------------------------
@@ -479,7 +483,7 @@ class Dispatcher:
             fields = request.tuple
         else:
             fields = _array(request.body, codec.TUPLE, "tuple", required=True)
-        self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, outbox, True)
+        self._submit(space.prepare_put(request.tuple_raw, fields, mode), sync, outbox, request.type)
 
     @cython.cfunc
     def _ops(self, space: Space, body: dict, key: cython.int) -> list:
@@ -492,7 +496,7 @@ class Dispatcher:
         body = request.body
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, outbox, True)
+        self._submit(space.prepare_update(iid, key, self._ops(space, body, codec.TUPLE)), sync, outbox, request.type)
 
     @cython.cfunc
     def _delete(self, session: Session, request: Request, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
@@ -500,7 +504,7 @@ class Dispatcher:
         body = request.body
         iid = self._index_id(space, body)
         key = _array(body, codec.KEY, "key", required=True)
-        self._submit(space.prepare_delete(iid, key), sync, outbox, True)
+        self._submit(space.prepare_delete(iid, key), sync, outbox, request.type)
 
     @cython.cfunc
     def _upsert(self, session: Session, request: Request, sync: cython.ulonglong, outbox: Outbox) -> cython.void:
@@ -512,7 +516,7 @@ class Dispatcher:
             _uint(body, codec.INDEX_BASE, "index base"),
             space.field_names,
         )
-        self._submit(space.prepare_upsert(request.tuple_raw, fields, ops), sync, outbox, False)
+        self._submit(space.prepare_upsert(request.tuple_raw, fields, ops), sync, outbox, request.type)
 
     @cython.cfunc
     def _procedure_call(
@@ -573,7 +577,7 @@ class Dispatcher:
         values = self.eval_handler(session, expr, args)
         if type(values) is list:  # the chunk finished on the event loop: answered at once
             return codec.data_body(values)
-        return self._finish(request.sync, self._run_eval(values))
+        return self._finish(request.sync, self._run_eval(values), T_EVAL)
 
     async def _run_eval(self, running: Awaitable[list[Any]]) -> bytes:
         return codec.data_body(list(await running))

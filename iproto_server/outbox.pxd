@@ -6,6 +6,7 @@ cdef class Outbox:
     cdef public Py_ssize_t max_inflight
     cdef public object sender_waiting
     cdef public object reader_waiting
+    cdef public unsigned long long answers
 
     cpdef void reply_later(self, bytes packet)
     cpdef void answered(self)

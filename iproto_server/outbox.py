@@ -20,6 +20,7 @@ class Outbox:
         self.max_inflight = max_inflight
         self.sender_waiting = None
         self.reader_waiting = None
+        self.answers = 0  # pending requests answered so far (the connection measures latency by it)
 
     def reply_later(self, packet: bytes) -> None:
         """The answer to a pending request, as whole response bytes."""
@@ -29,6 +30,7 @@ class Outbox:
     def answered(self) -> None:
         """A pending request's answer is now in :attr:`out`."""
         self.inflight -= 1
+        self.answers += 1
         self.wake_sender()
         waiting = self.reader_waiting
         if waiting is not None:

@@ -1,14 +1,17 @@
 """Request counters for ``box.stat()``: a total and a rate per request type, as Tarantool shows.
 
-The dispatcher counts every request it handles by type, and errors; box operations made from
-Lua (console, EVAL) are counted under the same names by the Lua bindings. The rate is the
-average over the last five seconds, from one snapshot per second taken by :meth:`run`.
+The dispatcher counts every request it handles by type, and errors (by request type and by
+code, the last ones kept with their message for the dashboard); box operations made from Lua
+(console, EVAL) are counted under the same names by the Lua bindings. The rate is the average
+over the last five seconds, from one snapshot per second taken by :meth:`run`. The metrics
+listener reads the same counts when it is scraped: nothing more is done per request.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from typing import Any
 
 import trio
 
@@ -33,18 +36,30 @@ NAMES = {
 SHOWN = ("DELETE", "COMMIT", "SELECT", "ROLLBACK", "INSERT", "EVAL", "CALL", "ERROR", "REPLACE",
          "UPSERT", "AUTH", "EXECUTE", "UPDATE", "BEGIN")
 WINDOW_S = 5
+RECENT_ERRORS = 100
 
 
 class RequestStats:
     def __init__(self) -> None:
         self.by_type = [0] * 256  # indexed by request type: one list store per request
         self.errors = 0
+        self.errors_by_type = [0] * 257  # the last one: errors of requests not decoded (bad packets)
+        self.errors_by_code: collections.Counter[int] = collections.Counter()
+        # (unix time, request type or 256, code, message) of the latest errors
+        self.recent_errors: collections.deque[tuple[float, int, int, str]] = collections.deque(maxlen=RECENT_ERRORS)
         self.by_name: collections.Counter[str] = collections.Counter()
         self._history: collections.deque[tuple[float, dict[str, int]]] = collections.deque(maxlen=WINDOW_S + 1)
 
     def count(self, request_type: int) -> None:
         if 0 <= request_type < 256:
             self.by_type[request_type] += 1
+
+    def count_error(self, request_type: int, error: Any) -> None:
+        """A request answered with ``error`` (a BoxError); ``request_type`` 256: not decoded."""
+        self.errors += 1
+        self.errors_by_type[request_type if 0 <= request_type < 256 else 256] += 1
+        self.errors_by_code[error.code] += 1
+        self.recent_errors.append((time.time(), request_type, error.code, error.message))
 
     def count_name(self, name: str) -> None:
         self.by_name[name] += 1

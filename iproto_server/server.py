@@ -14,6 +14,7 @@ from iproto_server.greeting import binary_greeting
 from iproto_server.listening import serve_tcp
 from iproto_server.session import Session
 from iproto_server.socket_io import StreamIO
+from measures import Histogram
 from spaces.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class IprotoServer:
         grace: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int | None = None,
+        latency: Histogram | None = None,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
@@ -41,6 +43,8 @@ class IprotoServer:
         self.ssl_context = ssl_context  # every listener of this server speaks TLS
         self.max_connections = max_connections  # per listener
         self.connections: set[Connection] = set()
+        self.accepted = 0  # connections since start
+        self.latency = latency  # of every request on every connection (see Connection)
         self._no_connections = trio.Event()
         self._no_connections.set()
 
@@ -68,7 +72,9 @@ class IprotoServer:
         # Plain TCP: the connection reads and writes the socket directly (socket_io.DirectSocket);
         # TLS goes through the SSLStream.
         io = StreamIO(stream) if isinstance(stream, trio.SSLStream) else None
-        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight, io)
+        conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight, io,
+                          self.latency)
+        self.accepted += 1
         self.connections.add(conn)
         self._no_connections = trio.Event()
         try:

@@ -27,6 +27,7 @@ of its own: the faulty one fails alone.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import lmdb
 import trio
 
+from measures import BATCH_BOUNDS, Histogram
 from storage.environment import Storage, StorageError
 from storage.redo import RedoTxn
 from storage.wal import encode_record
@@ -79,7 +81,7 @@ class GroupCommitter:
         # Held from a group's append until it is flushed and answered, or by a checkpoint's
         # switch of segments (a semaphore: the flusher task releases what the committer took).
         self._log_free = trio.Semaphore(1)
-        self._flushing: tuple[lmdb.Transaction, bytes, int, list[_Write], trio.Event] | None = None
+        self._flushing: tuple[lmdb.Transaction, bytes, int, list[_Write], trio.Event, float] | None = None
         self._flush_wanted = trio.Event()
         self._checkpoint_due = trio.Event()
         self._checkpointed_lsn = storage.lsn
@@ -88,6 +90,8 @@ class GroupCommitter:
         self.batches = 0
         self.writes = 0
         self.checkpoints = 0
+        self.batch_sizes = Histogram(BATCH_BOUNDS)  # writes per commit
+        self.commit_seconds = Histogram()  # from a batch's start to its answer (the log's flush included)
 
     async def write(
         self,
@@ -185,6 +189,7 @@ class GroupCommitter:
 
     async def _commit(self, batch: list[_Write]) -> None:
         """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
+        started = time.perf_counter()
         try:
             if self._broken is not None:
                 raise self._broken
@@ -192,7 +197,7 @@ class GroupCommitter:
             if txn is None:
                 await self._one_by_one(batch)
             elif type(txn) is RedoTxn:
-                if await self._log_group(txn, batch):
+                if await self._log_group(txn, batch, started):
                     return
             else:
                 _commit_unlogged(txn)
@@ -200,13 +205,15 @@ class GroupCommitter:
             for item in batch:
                 if item.error is None:
                     item.error = _as_storage_error(exc)
-        self._finish(batch)
+        self._finish(batch, started)
 
-    def _finish(self, batch: list[_Write]) -> None:
+    def _finish(self, batch: list[_Write], started: float) -> None:
         """The batch is durable (or failed): readers see it, hooks run, writers are answered."""
         self._storage.committed()
         self.batches += 1
         self.writes += len(batch)
+        self.batch_sizes.observe(len(batch))
+        self.commit_seconds.observe(time.perf_counter() - started)
         for item in batch:
             if item.error is None and item.after_commit is not None:
                 try:
@@ -250,7 +257,9 @@ class GroupCommitter:
     # never see a group that is not on disk. A checkpoint's switch of segments takes
     # ``_log_free`` too.
 
-    async def _log_group(self, txn: RedoTxn, batch: list[_Write], *, alone: bool = False) -> bool:
+    async def _log_group(
+        self, txn: RedoTxn, batch: list[_Write], started: float = 0.0, *, alone: bool = False
+    ) -> bool:
         """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
         flusher answers it. ``alone``: append, commit and flush here, and let the caller answer."""
         raw = txn.txn
@@ -273,7 +282,7 @@ class GroupCommitter:
                 self._log_free.release()
             return False
         committed = trio.Event()
-        self._flushing = (raw, record, lsn, batch, committed)
+        self._flushing = (raw, record, lsn, batch, committed, started)
         self._flush_wanted.set()
         await committed.wait()
         return True
@@ -322,7 +331,7 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed = group
+                raw, record, lsn, batch, committed, started = group
                 try:
                     await trio.to_thread.run_sync(
                         self._write_group, raw, record, lsn, partial(token.run_sync_soon, committed.set)
@@ -332,7 +341,7 @@ class GroupCommitter:
                         if item.error is None:
                             item.error = _as_storage_error(exc)
                 committed.set()  # (already, unless the group failed before LMDB had it)
-                self._finish(batch)
+                self._finish(batch, started)
                 self._log_free.release()
                 if self._log.size >= self._storage.checkpoint_bytes:
                     self._checkpoint_due.set()

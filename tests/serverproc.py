@@ -82,6 +82,11 @@ class ServerProcess:
         )
 
     def start(self, timeout: float = 30.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for its listeners (see :meth:`wait_ready`)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             self.write_config()
@@ -96,6 +101,8 @@ class ServerProcess:
             env=env,
         )
         log.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
         try:
             wait_for_greeting(self.port, timeout, self.proc, self.tls_client)
             if self.admin_port is not None:  # listeners start one after the other

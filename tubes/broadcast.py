@@ -97,6 +97,8 @@ class Subscription:
         a sink is told why."""
         if self.ended is None:
             self.ended = reason
+            ended = self._owner.ended
+            ended[reason] = ended.get(reason, 0) + 1
             if reason == OVERFLOW:
                 self._items.clear()
             self._owner._forget(self)
@@ -140,6 +142,12 @@ class Broadcast:
         # Versions written but not yet fanned out: (queue, id, sequence) -> how many.
         self._in_flight: dict[tuple[str, str, int], int] = {}
         self._creating: dict[str, trio.Event] = {}  # queues whose create is not durable yet
+        # For the metrics: versions fanned out, copies handed to listeners, listeners subscribed
+        # since start, and listeners ended by reason (OVERFLOW: closed for lagging).
+        self.fanned_out = 0
+        self.deliveries = 0
+        self.subscribed = 0
+        self.ended: dict[str, int] = {}
 
     async def open(self) -> None:
         """Create the spaces if needed and load the queue names (the only in-memory state)."""
@@ -262,10 +270,13 @@ class Broadcast:
         return write, after, unmark
 
     def _fan_out(self, queue: str, sent: Message) -> None:
+        self.fanned_out += 1
         for sub in list(self._by_queue.get(queue, ())):
             sub.push(sent)
+            self.deliveries += 1
         for sub in list(self._by_key.get((queue, sent.id), ())):
             sub.push(sent)
+            self.deliveries += 1
 
     # -- listeners ---------------------------------------------------------------------------
 
@@ -284,6 +295,7 @@ class Broadcast:
             in_flight = self._in_flight
             preload = [m for m in preload if (queue, m.id, m.sequence) not in in_flight]
         sub = Subscription(self, queue, key, self.listener_buffer, sink)
+        self.subscribed += 1
         if self._stopping:
             sub.end(SHUTDOWN)
             return preload, sub

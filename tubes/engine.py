@@ -54,6 +54,7 @@ from tubes.engine_base import (
 from tubes.kinds import TubeKind
 from tubes.monitors import Monitors
 from tubes.producers import Producers
+from tubes.recovery import RecoveryProgress
 from tubes.task import (
     HUMAN,
     STATUS_ORDER,
@@ -69,9 +70,18 @@ from tubes.tube_records import TubeRecords
 
 log = logging.getLogger(__name__)
 
+RECOVERY_CHUNK = 10_000  # tasks loaded between two yields at start
+ITERATOR_ALL, ITERATOR_GT = 2, 6
+
 
 class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, EngineBase):
     """All tubes of all queue spaces of one server."""
+
+    recovery: RecoveryProgress
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recovery = RecoveryProgress()
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -103,7 +113,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
         if owned.get(0, [name]) != pack(record):
             await self.committer.write(owned.prepare_put(pack(record), record, REPLACE))
         if self._recovered:
-            self._recover_space(queue_space)
+            await self._recover_space(queue_space, pace=False)
             await self._recover_records(queue_space)
             self._after_recovery([queue_space])
         return queue_space
@@ -145,25 +155,43 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
 
     async def _recover(self) -> None:
         """Rebuild memory from LMDB. Tasks left taken by a session become ready (D10); those
-        held by a claim or a deadline keep it (K13). Every tube holding tasks gets its monitor."""
+        held by a claim or a deadline keep it (K13). Every tube holding tasks gets its monitor.
+        Tasks are loaded in chunks with a yield between them, so the metrics listener can report
+        the progress (``self.recovery``) meanwhile; nothing else is served before this ends."""
         spaces = list(self.queue_spaces().values())
+        self.recovery.begin(sum(s.space.len() for s in spaces if s.space.primary is not None))
         for queue_space in spaces:
-            self._recover_space(queue_space)
+            await self._recover_space(queue_space, pace=True)
         for queue_space in spaces:
             if queue_space.owned:
                 await self._recover_records(queue_space)
         self._recovered = True
         await self._return_left_taken(spaces)
         self._after_recovery(spaces)
+        self.recovery.finish()
 
-    def _recover_space(self, queue_space: QueueSpace) -> None:
+    async def _recover_space(self, queue_space: QueueSpace, *, pace: bool) -> None:
+        """Load the space's tasks into its tubes; ``pace``: in chunks, yielding between them
+        (at start; a space taken over later is loaded in one step, unseen by requests)."""
         space, layout = queue_space.space, queue_space.layout
         if space.primary is None:
             return
         loaded: dict[str, list[Task]] = {}
-        for raw in space.pairs(0, 2, []):
-            task = Task.from_fields(decode_tuple(raw), layout)
-            loaded.setdefault(task.tube, []).append(task)
+        key: list[Any] = []
+        iterator = ITERATOR_ALL
+        while True:
+            chunk = space.select(0, iterator, key, 0, RECOVERY_CHUNK)
+            for raw in chunk:
+                task = Task.from_fields(decode_tuple(raw), layout)
+                loaded.setdefault(task.tube, []).append(task)
+            if pace:
+                self.recovery.advance(len(chunk))
+            if len(chunk) < RECOVERY_CHUNK:
+                break
+            key, iterator = layout.key(task), ITERATOR_GT
+            if pace:
+                await trio.sleep(0)
+        placed = 0
         for name, tasks in loaded.items():
             tasks.sort(key=created_of)
             tube = self._tube(queue_space, name)
@@ -171,6 +199,10 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
                 self._add(tube, task)
                 if task.created > self._last_created:
                     self._last_created = task.created
+            placed += len(tasks)
+            if pace and placed >= RECOVERY_CHUNK:
+                placed = 0
+                await trio.sleep(0)
 
     async def _recover_records(self, queue_space: QueueSpace) -> None:
         sid = queue_space.id

@@ -38,7 +38,7 @@ from tubes.task import (
     TupleReader,
     encode_task,
 )
-from tubes.tube import Tube
+from tubes.tube import TALLIES, Tube, tally_of
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class EngineBase:
         self._random = random.Random()  # task ids: seeded from os.urandom
         self._upserting: dict[tuple[int, str, str], trio.Event] = {}
         self.reader = TupleReader()  # on the event loop only, like everything here
+        self.tallies: dict[int, list[int]] = {}  # per space: the sum of its tubes' tallies, never reset
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -337,6 +338,7 @@ class EngineBase:
         self._leave(tube, task)
         mutate(task)
         self._enter(tube, task)
+        new_status = task.status
         if counter is not None:
             tube.count(counter)
         header = task.header()
@@ -368,6 +370,8 @@ class EngineBase:
                 undo()
                 later.settle(None, error)
                 return
+            if old_status != new_status:
+                self._tally(tube, old_status, new_status)
             if self.hooks:
                 self._notify(tube, task.id, old_status, task.status, raw)
             if after is not None:
@@ -399,6 +403,7 @@ class EngineBase:
                 undo()
                 later.settle(None, error)
                 return
+            self._tally(tube, task.status, None)
             self._notify(tube, task.id, task.status, None, None)
             later.settle(raw)
 
@@ -420,10 +425,12 @@ class EngineBase:
         records: Iterable[Callable[[lmdb.Transaction], Any]] = (),
         counters: Iterable[str] = (),
         undo_extra: Callable[[], None] | None = None,
+        expiring: bool = False,
     ) -> Later[list[bytes | None]]:
         """Several changes of one tube as one write (one commit): ``changes`` and ``deletes``
         happen in memory now, ``inserts`` once durable; ``records`` are written with them. The
-        Later gives the stored tuples: changed, then deleted, then inserted ones."""
+        Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
+        the deletes are tasks whose ttl ended."""
         space, layout = queue_space.space, queue_space.layout
         keep = layout.header
         done_changes: list[tuple[Task, list[Any], list[Any]]] = []
@@ -490,9 +497,12 @@ class EngineBase:
                 later.settle(None, error)
                 return
             assert results is not None
-            for (task, before, _header), raw in zip(done_changes, results, strict=False):
+            for (task, before, header), raw in zip(done_changes, results, strict=False):
+                if before[2] != header[2]:
+                    self._tally(tube, before[2], header[2])
                 self._notify(tube, task.id, before[2], task.status, raw)
             for task in deleted:
+                self._tally(tube, task.status, None, expiring)
                 self._notify(tube, task.id, task.status, None, None)
             inserted = results[len(done_changes) + len(deleted):][: len(new)]
             self._place_inserted(queue_space, tube, [(task, raw) for (task, _tail), raw in zip(new, inserted, strict=True)])
@@ -523,9 +533,20 @@ class EngineBase:
             self._add(tube, task)
             if task.status == READY:
                 woke = True
+            self._tally(tube, None, task.status)
             self._notify(tube, task.id, None, task.status, raw)
         if woke:
             tube.wake_one_consumer()
+
+    def _tally(self, tube: Tube, old: str | None, new: str | None, expired: bool = False) -> None:
+        """Count a durable change of status (:func:`tubes.tube.tally_of`) for the tube and its space."""
+        which = tally_of(old, new, expired)
+        if which >= 0:
+            tube.tally[which] += 1
+            totals = self.tallies.get(tube.space_id)
+            if totals is None:
+                totals = self.tallies[tube.space_id] = [0] * len(TALLIES)
+            totals[which] += 1
 
     def _notify(self, tube: Tube, task_id: str, old: str | None, new: str | None, raw: bytes | None) -> None:
         for hook in self.hooks:

@@ -101,7 +101,7 @@ class Monitors(EngineBase):
                 tube.place_claim(claim)
 
         await self._batch(queue_space, tube, changes=changes, deletes=expired, records=records, counters=counters,
-                          undo_extra=put_back_claims)
+                          undo_extra=put_back_claims, expiring=True)
         if any(task.status == READY for task, _m, _t in changes):
             tube.wake_one_consumer()
 

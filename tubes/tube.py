@@ -15,7 +15,33 @@ import trio
 from sortedcontainers import SortedList
 
 from tubes.kinds import TubeKind
-from tubes.task import BURIED, READY, STATUS_ORDER, TAKEN, Task
+from tubes.task import BURIED, DONE, READY, STATUS_ORDER, TAKEN, Task
+
+# What happened to tasks, counted for every API once each change is durable (the metrics read
+# these plain integers when scraped): indexes into ``Tube.tally`` and the engine's totals.
+TALLIES = ("puts", "takes", "acks", "releases", "buries", "kicks", "deletes", "expiries")
+PUTS, TAKES, ACKS, RELEASES, BURIES, KICKS, DELETES, EXPIRIES = range(len(TALLIES))
+
+
+def tally_of(old: str | None, new: str | None, expired: bool = False) -> int:
+    """Which tally a durable change of status counts in, or -1 for none: a new task is a put;
+    becoming taken a take (box.queue take, Deckard pull, Zaqar claim); a taken task deleted or
+    done an ack; a taken task ready or delayed again a release (release, requeue, Deckard Ack and
+    Nack, a claim released or expired, a deadline passed, a consumer gone); buried a bury; buried
+    to ready a kick; any other delete a delete, or an expiry when its ttl ended it."""
+    if old is None:
+        return PUTS
+    if new is None:
+        return EXPIRIES if expired else ACKS if old == TAKEN else DELETES
+    if new == TAKEN:
+        return -1 if old == TAKEN else TAKES
+    if new == BURIED:
+        return -1 if old == BURIED else BURIES
+    if old == TAKEN:
+        return ACKS if new == DONE else RELEASES
+    if old == BURIED:
+        return KICKS
+    return -1
 
 
 class Claim:
@@ -62,6 +88,7 @@ class Tube:
         self.unique_lock: trio.Lock | None = None  # put_unique: look up and insert as one step
         self.pending = 0  # writes in flight that insert tasks
         self.dropped = False  # the tube was dropped: what is still being written into it goes
+        self.tally = [0] * len(TALLIES)  # see tally_of; restarts when the engine forgets the tube
 
     # -- structures ------------------------------------------------------------------------
 

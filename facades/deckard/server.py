@@ -24,8 +24,10 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from facades.deckard.auth import BearerToken, PemFiles
 from facades.deckard.generated import deckard_service_pb2 as pb
+from facades.deckard.metering import MeteringInterceptor
 from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
+from measures import RequestMeter
 from tubes.engine import QueueEngine
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class DeckardFacade:
         token: str | None = None,
         tls: PemFiles | None = None,
         max_connections: int | None = None,
+        meter: RequestMeter | None = None,
     ) -> None:
         self.engine = engine
         self.space_id = space_id
@@ -69,6 +72,7 @@ class DeckardFacade:
         self.token = token  # `authorization: Bearer <token>` required on every call but health checks
         self.tls = tls
         self.max_connections = max_connections
+        self.meter = meter
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         calls_scope = trio.CancelScope(shield=True)  # closed by us, after the server has stopped
@@ -123,10 +127,15 @@ class DeckardFacade:
         ]
         if self.max_connections is not None:
             options.append(("grpc.max_allowed_incoming_connections", self.max_connections))
+        interceptors: list[grpc.ServerInterceptor] = []
+        if self.meter is not None:  # first: a call refused for its token is counted too
+            interceptors.append(MeteringInterceptor(self.meter))
+        if self.token is not None:
+            interceptors.append(BearerToken(self.token))
         server = grpc.server(
             pool,
             options=options,
-            interceptors=[BearerToken(self.token)] if self.token is not None else None,
+            interceptors=interceptors or None,
             maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
         )
         service = DeckardService(

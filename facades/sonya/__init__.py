@@ -6,10 +6,12 @@ import h11
 import trio
 
 from facades.asgi_serving import PLAIN, Handler, Listening, serve_asgi
+from facades.http_meter import MeteredApp
 from facades.sonya.app import SonyaApi
 from facades.sonya.longpolls import LongPolls
 from facades.sonya.socket_listeners import WebSocketListeners
 from facades.sonya.tokens import Tokens
+from measures import RequestMeter
 from tubes.broadcast import Broadcast
 
 
@@ -23,14 +25,18 @@ async def serve_sonya(
     jwt_ttl_s: int = 60,
     longpoll_max_wait_s: float = 30.0,
     listening: Listening = PLAIN,
+    meter: RequestMeter | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API on ``host:port`` until ``shutdown`` is set (end the broadcast's listeners
-    first so open long-polls are answered); started() with the bound port."""
+    first so open long-polls are answered); started() with the bound port. With a ``meter``,
+    every request is counted in it (by endpoint, status and time)."""
     tokens = Tokens(service_token, jwt_ttl_s)
     app = SonyaApi(broadcast, tokens, longpoll_max_wait_s).app()
-    sockets = WebSocketListeners(broadcast, tokens)
-    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown)
+    if meter is not None:
+        app = MeteredApp(app, meter)
+    sockets = WebSocketListeners(broadcast, tokens, meter)
+    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown, meter)
 
     def takeover(request: h11.Request) -> Handler | None:
         return sockets.takeover(request) or polls.takeover(request)

@@ -40,6 +40,7 @@ from facades.sonya.socket_io import (
     send_all,
 )
 from facades.sonya.tokens import Denied, Tokens, bearer
+from measures import RequestMeter
 from tubes.broadcast import Broadcast, Subscription
 from tubes.sequences import Message
 
@@ -131,11 +132,13 @@ class _Connection:
 class LongPolls:
     """Decides which connections start with a long-poll, and serves their long-polls."""
 
-    def __init__(self, broadcast: Broadcast, tokens: Tokens, longpoll_max_wait_s: float, shutdown: trio.Event) -> None:
+    def __init__(self, broadcast: Broadcast, tokens: Tokens, longpoll_max_wait_s: float, shutdown: trio.Event,
+                 meter: RequestMeter | None = None) -> None:
         self.broadcast = broadcast
         self.tokens = tokens
         self.max_wait = longpoll_max_wait_s if longpoll_max_wait_s > 0 else math.inf
         self.shutdown = shutdown
+        self.meter = meter  # counts each long-poll (operation "longpoll") by its status
 
     def takeover(self, request: h11.Request) -> Handler | None:
         return self.serve if _route(request) is not None else None
@@ -167,16 +170,30 @@ class LongPolls:
 
     async def _answer(self, conn: _Connection, route: Route, request: h11.Request, keep: bool) -> bool:
         """Answer one long-poll; False if the connection is to be closed."""
+        status = [200]
+        if self.meter is None:
+            return await self._answer_poll(conn, route, request, keep, status)
+        started = self.meter.begin()
+        try:
+            return await self._answer_poll(conn, route, request, keep, status)
+        finally:
+            self.meter.record("longpoll", started, str(status[0]) if status[0] >= 400 else None,
+                              f"GET {request.target.decode('latin-1')}")
+
+    async def _answer_poll(self, conn: _Connection, route: Route, request: h11.Request, keep: bool,
+                           status: list[int]) -> bool:
         queue, key, query_string = route
         headers = Headers(raw=list(request.headers))
         query = QueryParams(query_string)
         try:
             self.tokens.check_listen(bearer(headers, query), queue, key)
         except Denied as exc:
+            status[0] = exc.status
             return await send_all(conn.sock, fast_response(denied_response(exc), keep))
         poll = _Poll(conn.sock, keep)
         got = self.broadcast.subscribe(queue, key, parse_sequence(query.getlist("sequence")), sink=poll)
         if got is None:
+            status[0] = 404
             return await send_all(conn.sock, fast_response(not_found_response(), keep))
         preload, poll.sub = got
         if preload or poll.answered:  # (answered: the server is stopping)

@@ -47,6 +47,7 @@ from facades.sonya.frames import FrameEncoder, Variant, accept_extensions
 from facades.sonya.inputs import parse_sequence
 from facades.sonya.socket_io import SEND_TIMEOUT_S, http_response, match_get, receive_some, send_all
 from facades.sonya.tokens import Denied, Tokens, bearer
+from measures import RequestMeter
 from tubes.broadcast import OVERFLOW, Broadcast
 from tubes.sequences import Message
 
@@ -243,10 +244,11 @@ class SocketListener:
 class WebSocketListeners:
     """Decides which connections are Sonya WebSocket listeners and serves them."""
 
-    def __init__(self, broadcast: Broadcast, tokens: Tokens) -> None:
+    def __init__(self, broadcast: Broadcast, tokens: Tokens, meter: RequestMeter | None = None) -> None:
         self.broadcast = broadcast
         self.tokens = tokens
         self.frames = FrameEncoder()
+        self.meter = meter  # counts each listen handshake (operation "websocket") by its status
 
     def takeover(self, request: h11.Request) -> Handler | None:
         """A handler for a WebSocket upgrade of a listen path (hypercorn's test for an upgrade:
@@ -268,22 +270,35 @@ class WebSocketListeners:
 
     async def serve(self, queue: str, key: str | None, query_string: str, sock: socket.socket,
                     request: h11.Request, head: bytes, rest: bytes) -> None:
+        started = self.meter.begin() if self.meter is not None else 0.0
+        status = [500]  # what the handshake was answered; 0 once recorded
+        try:
+            status[0] = await self._serve(queue, key, query_string, sock, request, head, rest, started, status)
+        finally:
+            if self.meter is not None and status[0]:
+                self.meter.record("websocket", started, str(status[0]) if status[0] >= 400 else None,
+                                  f"GET {request.target.decode('latin-1')}")
+
+    async def _serve(self, queue: str, key: str | None, query_string: str, sock: socket.socket,
+                     request: h11.Request, head: bytes, rest: bytes, started: float, status: list[int]) -> int:
+        """Serve the listener; returns the status of a refused handshake, or 0 once accepted (and
+        recorded: the listener's life is not the request's latency)."""
         conn = responder(head)
         headers = Headers(raw=list(request.headers))
         version = headers.get("sec-websocket-version")
         ws_key = headers.get("sec-websocket-key")
         if request.http_version != b"1.1" or ws_key is None or version != "13":
             await send_all(sock, http_response(conn, Response(b"", 400), close=True))  # as hypercorn: before the app
-            return
+            return 400
         query = QueryParams(query_string)
         try:
             self.tokens.check_listen(bearer(headers, query), queue, key)
         except Denied as exc:
             await send_all(sock, http_response(conn, denied_response(exc), close=True))
-            return
+            return exc.status
         if queue not in self.broadcast.queues:
             await send_all(sock, http_response(conn, not_found_response(), close=True))
-            return
+            return 404
         offers = [offer for value in headers.getlist("sec-websocket-extensions") for offer in split_comma_header(value.encode("latin-1"))]
         accepted, extensions, variant = accept_extensions(offers)
         response_headers = [(b"sec-websocket-accept", generate_accept_token(ws_key.encode("latin-1")))]
@@ -297,6 +312,10 @@ class WebSocketListeners:
         got = self.broadcast.subscribe(queue, key, parse_sequence(query.getlist("sequence")), sink=listener)
         assert got is not None, "the queue was checked without an await since"
         preload, sub = got
+        if self.meter is not None:
+            self.meter.record("websocket", started)
+        status[0] = 0
         with sub:
             listener.start(response, Connection(ConnectionType.SERVER, extensions, rest), preload)
             await listener.run()
+        return 0

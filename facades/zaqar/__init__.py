@@ -5,10 +5,12 @@ from __future__ import annotations
 import trio
 
 from facades.asgi_serving import PLAIN, Listening, serve_asgi
+from facades.http_meter import MeteredApp
 from facades.zaqar.app import ZaqarApp
 from facades.zaqar.auth import TokenAuth
 from facades.zaqar.queues import ZaqarQueues
 from facades.zaqar.responses import Limits
+from measures import RequestMeter
 
 __all__ = ["Limits", "TokenAuth", "ZaqarApp", "serve_zaqar"]
 
@@ -23,8 +25,11 @@ async def serve_zaqar(
     default_project: str | None = None,
     auth: TokenAuth | None = None,
     listening: Listening = PLAIN,
+    meter: RequestMeter | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API on ``host:port`` until ``shutdown``; started() with the bound port."""
+    """Serve the API on ``host:port`` until ``shutdown``; started() with the bound port. With a
+    ``meter``, every request is counted in it (by handler name, status and time)."""
     app = ZaqarApp(queues, limits, default_project, auth)
-    await serve_asgi(app.asgi, host, port, shutdown, name="Zaqar", listening=listening, task_status=task_status)
+    served = app.asgi if meter is None else MeteredApp(app.asgi, meter)
+    await serve_asgi(served, host, port, shutdown, name="Zaqar", listening=listening, task_status=task_status)

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from facades.http_meter import OPERATION
 from facades.zaqar import http_input as inp
 from facades.zaqar import queues as store
 from facades.zaqar.admin import AdminHandlers
@@ -163,6 +164,7 @@ class ZaqarApp(AdminHandlers):
             handler = handlers.get(request.method)
             if handler is None:
                 raise ZaqarError(405, "405 Method Not Allowed", headers={"Allow": allow})
+            request.scope[OPERATION] = handler.__name__
             if queue_route:
                 inp.check_queue_name(m["queue"], project)
             call = Call(request, inp.parse_query(request.scope.get("query_string", b"")), client, project,

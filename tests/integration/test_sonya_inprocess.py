@@ -96,6 +96,9 @@ async def test_listener_overflow_ends_only_that_listener(running):
         assert await slow.next() is None
         assert reader.ended is None
         assert broadcast.listener_count() == 1
+        # What the metrics show: one listener closed for lagging, four messages fanned out.
+        assert broadcast.ended == {"overflow": 1}
+        assert broadcast.fanned_out == 4
 
 
 async def test_a_failing_sink_is_ended_and_the_fan_out_goes_on(running):
