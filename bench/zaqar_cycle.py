@@ -8,6 +8,11 @@ each with its claim id. The headline is messages deleted per second in the measu
 with p50/p99 of the whole cycle.
 
     .venv/bin/python bench/zaqar_cycle.py --clients 16 --seconds 10
+
+``--url`` drives an already running server instead (no boxqueue is started), for instance real
+OpenStack Zaqar started by ``bench/real_zaqar.sh``:
+
+    .venv/bin/python bench/zaqar_cycle.py --url http://127.0.0.1:8888 --seconds 10
 """
 
 from __future__ import annotations
@@ -67,6 +72,26 @@ def worker(base: str, clients: int, offset: int, batch: int, until: float, warmu
     trio.run(main)
 
 
+def run_load(base: str, args: argparse.Namespace) -> list[tuple[int, list[float]]]:
+    """Run the client processes against ``base`` and return each one's (deleted, cycle times)."""
+    ctx = get_context("spawn")
+    out = ctx.Queue()
+    start = time.monotonic() + 1.0  # let the workers start
+    warmup_end = start + args.warmup
+    until = warmup_end + args.seconds
+    per = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0) for i in range(args.procs)]
+    procs, offset = [], 0
+    for n in per:
+        p = ctx.Process(target=worker, args=(base, n, offset, args.batch, until, warmup_end, out))
+        p.start()
+        procs.append(p)
+        offset += n
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16)
@@ -76,35 +101,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wal", default="fsync", choices=["fsync", "write", "none"])
     parser.add_argument("--json", type=Path, help="write the result here too")
+    parser.add_argument("--url", help="drive this Zaqar endpoint (http://host:port) instead of starting boxqueue")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        http_port = free_port()
-        server = ServerProcess(Path(tmp), extra_config=f'[zaqar]\nlisten = "127.0.0.1:{http_port}"\n',
-                               wal_mode=args.wal, read_only=False)
-        server.start()
-        try:
-            base = f"http://127.0.0.1:{http_port}"
-            ctx = get_context("spawn")
-            out = ctx.Queue()
-            start = time.monotonic() + 1.0  # let the workers start
-            warmup_end = start + args.warmup
-            until = warmup_end + args.seconds
-            per = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0) for i in range(args.procs)]
-            procs, offset = [], 0
-            for n in per:
-                p = ctx.Process(target=worker, args=(base, n, offset, args.batch, until, warmup_end, out))
-                p.start()
-                procs.append(p)
-                offset += n
-            results = [out.get() for _ in procs]
-            for p in procs:
-                p.join()
-        finally:
-            server.stop()
+    if args.url:
+        results = run_load(args.url.rstrip("/"), args)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            http_port = free_port()
+            server = ServerProcess(Path(tmp), extra_config=f'[zaqar]\nlisten = "127.0.0.1:{http_port}"\n',
+                                   wal_mode=args.wal, read_only=False)
+            server.start()
+            try:
+                results = run_load(f"http://127.0.0.1:{http_port}", args)
+            finally:
+                server.stop()
     done = sum(d for d, _ in results)
     cycles = sorted(c for _, cs in results for c in cs)
     result = {
-        "clients": args.clients, "batch": args.batch, "wal": args.wal, "seconds": args.seconds,
+        "clients": args.clients, "batch": args.batch, **({"url": args.url} if args.url else {"wal": args.wal}),
+        "seconds": args.seconds,
         "messages_per_s": round(done / args.seconds, 1),
         "cycle_p50_ms": round(statistics.median(cycles) * 1000, 1) if cycles else None,
         "cycle_p99_ms": round(cycles[int(len(cycles) * 0.99) - 1] * 1000, 1) if cycles else None,
