@@ -39,6 +39,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.space_procedures",
     "storage.keys",
     "storage.redo",
+    "storage.write_queue",
     "tubes.box_queue",
     "tubes.engine_base",
     "tubes.producers",

@@ -39,26 +39,12 @@ from measures import BATCH_BOUNDS, Histogram
 from storage.environment import Storage, StorageError
 from storage.redo import RedoTxn
 from storage.wal import encode_record
+from storage.write_queue import Done, Write, WriteQueue
 
 log = logging.getLogger(__name__)
 
 WriteFn = Callable[[lmdb.Transaction], Any]
-
-
-# Called on the event loop once the write is durable (error None) or has failed (result None).
-Done = Callable[[Any, BaseException | None], None]
-
-
-class _Write:
-    __slots__ = ("fn", "after_commit", "exclusive", "result", "error", "done")
-
-    def __init__(self, fn: WriteFn, after_commit: Callable[[Any], None] | None, exclusive: bool, done: Done):
-        self.fn = fn
-        self.after_commit = after_commit
-        self.exclusive = exclusive
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = done
+__all__ = ["Done", "GroupCommitter", "WriteFn"]
 
 
 class GroupCommitter:
@@ -74,19 +60,23 @@ class GroupCommitter:
         self._storage = storage
         self._rejections = rejections
         self._max_batch = max_batch
-        self._pending: list[_Write] = []
-        self._wakeup = trio.Event()
+        self._queue = WriteQueue(rejections)
+        # ``submit(fn, done, *, after_commit=None, exclusive=False)``: queue ``fn`` without
+        # waiting; ``done(result, error)`` runs on the event loop once the commit holding it
+        # returns (StorageError once the committer has stopped). This is what the iproto
+        # connection and the engine use, so a write costs no task of its own, and no Python
+        # frame: it is the compiled queue's own method.
+        self.submit: Callable[..., None] = self._queue.submit
         self._log = storage.log
         self._names = storage.names
         # Held from a group's append until it is flushed and answered, or by a checkpoint's
         # switch of segments (a semaphore: the flusher task releases what the committer took).
         self._log_free = trio.Semaphore(1)
-        self._flushing: tuple[lmdb.Transaction, bytes, int, list[_Write], trio.Event, float] | None = None
+        self._flushing: tuple[lmdb.Transaction, bytes, int, list[Write], trio.Event, float] | None = None
         self._flush_wanted = trio.Event()
         self._checkpoint_due = trio.Event()
         self._checkpointed_lsn = storage.lsn
         self._broken: StorageError | None = None
-        self._closed = False
         self.batches = 0
         self.writes = 0
         self.checkpoints = 0
@@ -122,22 +112,6 @@ class GroupCommitter:
             raise error
         return result
 
-    def submit(
-        self,
-        fn: WriteFn,
-        done: Done,
-        *,
-        after_commit: Callable[[Any], None] | None = None,
-        exclusive: bool = False,
-    ) -> None:
-        """Queue ``fn`` without waiting: ``done(result, error)`` runs on the event loop once the
-        commit holding it returns. This is what the iproto connection uses, so a write costs no
-        task of its own."""
-        if self._closed:
-            raise StorageError("storage is closed")
-        self._pending.append(_Write(fn, after_commit, exclusive, done))
-        self._wakeup.set()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             if self._log is not None:
@@ -157,37 +131,26 @@ class GroupCommitter:
                 )
 
     async def _commit_loop(self) -> None:
+        queue = self._queue
         try:
             while True:
-                if not self._pending:
-                    self._wakeup = trio.Event()
-                    await self._wakeup.wait()
-                batch = self._next_batch()
+                if not queue.pending:
+                    wakeup = queue.wakeup = trio.Event()
+                    await wakeup.wait()
+                batch = queue.next_batch(self._max_batch)
                 with trio.CancelScope(shield=True):
                     await self._commit(batch)
         finally:
-            self._closed = True
+            queue.closed = True
+            queue.wakeup = None
             with trio.CancelScope(shield=True):
-                while self._pending:
-                    await self._commit(self._next_batch())
+                while queue.pending:
+                    await self._commit(queue.next_batch(self._max_batch))
                 if self._log is not None:  # the last group's flush and replies
                     async with self._log_free:
                         pass
 
-    def _next_batch(self) -> list[_Write]:
-        pending = self._pending
-        if pending[0].exclusive:
-            batch, rest = pending[:1], pending[1:]
-        else:
-            end = 0
-            limit = min(len(pending), self._max_batch)
-            while end < limit and not pending[end].exclusive:
-                end += 1
-            batch, rest = pending[:end], pending[end:]
-        self._pending = rest
-        return batch
-
-    async def _commit(self, batch: list[_Write]) -> None:
+    async def _commit(self, batch: list[Write]) -> None:
         """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
         started = time.perf_counter()
         try:
@@ -207,42 +170,25 @@ class GroupCommitter:
                     item.error = _as_storage_error(exc)
         self._finish(batch, started)
 
-    def _finish(self, batch: list[_Write], started: float) -> None:
+    def _finish(self, batch: list[Write], started: float) -> None:
         """The batch is durable (or failed): readers see it, hooks run, writers are answered."""
         self._storage.committed()
         self.batches += 1
         self.writes += len(batch)
         self.batch_sizes.observe(len(batch))
         self.commit_seconds.observe(time.perf_counter() - started)
-        for item in batch:
-            if item.error is None and item.after_commit is not None:
-                try:
-                    item.after_commit(item.result)
-                except Exception:
-                    log.exception("after-commit hook failed")
-        for item in batch:
-            try:
-                item.done(item.result, item.error)
-            except Exception:
-                log.exception("write completion callback failed")
+        self._queue.finish(batch)
 
     def _begin(self) -> Any:
         """A write transaction: a redo-noting one when there is a log."""
         txn = self._storage.env.begin(write=True)
         return txn if self._log is None else RedoTxn(txn, self._names)
 
-    def _apply(self, batch: list[_Write]) -> Any:
+    def _apply(self, batch: list[Write]) -> Any:
         """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
         txn = self._begin()
-        try:
-            for item in batch:
-                try:
-                    item.result = item.fn(txn)
-                except self._rejections as exc:
-                    item.error = exc
-        except Exception:
+        if not self._queue.apply(txn, batch):
             _abort(txn)
-            log.exception("a write failed half-way; retrying the batch one write at a time")
             return None
         return txn
 
@@ -258,7 +204,7 @@ class GroupCommitter:
     # ``_log_free`` too.
 
     async def _log_group(
-        self, txn: RedoTxn, batch: list[_Write], started: float = 0.0, *, alone: bool = False
+        self, txn: RedoTxn, batch: list[Write], started: float = 0.0, *, alone: bool = False
     ) -> bool:
         """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
         flusher answers it. ``alone``: append, commit and flush here, and let the caller answer."""
@@ -350,7 +296,7 @@ class GroupCommitter:
         self._flushing = None
         self._flush_wanted.set()
 
-    async def _one_by_one(self, batch: list[_Write]) -> None:
+    async def _one_by_one(self, batch: list[Write]) -> None:
         for item in batch:
             item.result = item.error = None
             txn = self._begin()
