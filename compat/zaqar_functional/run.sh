@@ -6,8 +6,9 @@ set -e
 here=$(cd "$(dirname "$0")" && pwd)
 port=${1:-8888}
 venv=${ZAQAR_VENV:-$here/../../.venv-zaqar}
-if [ ! -x "$venv/bin/python" ]; then
-    python3.11 -m venv "$venv"
+# (bench/real_zaqar.sh shares the venv and installs zaqar without the test tools: check for both.)
+if ! "$venv/bin/python" -c 'import zaqar, pytest, ddt, testtools, fixtures' 2>/dev/null; then
+    [ -x "$venv/bin/python" ] || python3.11 -m venv "$venv"
     "$venv/bin/pip" install -q 'zaqar==21.0.3' redis pymongo pytest ddt testtools fixtures
 fi
 cfg=$(mktemp -d)
