@@ -32,6 +32,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.iterators",
     "spaces.later",
     "spaces.msgpack_values",
+    "spaces.msgpack_scan",
     "spaces.access",
     "spaces.update",
     "spaces.fieldtypes",

@@ -1,6 +1,8 @@
 # C declarations of codec.py for Cython (the module is compiled from its .py; see
 # boxqueue/compiled.py). Other compiled modules cimport these to reach the fields directly.
 
+cimport spaces.msgpack_scan as msgpack_scan
+
 cdef class Request:
     cdef public unsigned long long type
     cdef public unsigned long long sync

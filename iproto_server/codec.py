@@ -34,6 +34,7 @@ import cython
 import msgpack
 
 from errcodes import ER, BoxError
+from spaces import msgpack_scan
 from spaces.msgpack_values import Raw, make_unpacker, pack, pack_array, unpack
 
 # Request and response types
@@ -223,72 +224,6 @@ _NOT_SIMPLE = _NotSimple()
 
 
 # -- reading msgpack from a bytes buffer ----------------------------------------------------------
-
-
-@cython.cfunc
-@cython.boundscheck(False)
-@cython.wraparound(False)
-@cython.exceptval(-2, check=False)
-def _skip(buf: bytes, p: cython.Py_ssize_t, end: cython.Py_ssize_t) -> cython.Py_ssize_t:
-    """The position after the msgpack value at ``p`` (containers included), or -1 when it is
-    malformed or does not end by ``end``: Tarantool's ``mp_check`` plus ``mp_next``."""
-    pending: cython.Py_ssize_t = 1
-    b: cython.uint
-    n: cython.Py_ssize_t
-    while pending:
-        if p >= end:
-            return -1
-        b = buf[p]
-        pending -= 1
-        if b <= 0x7F or b >= 0xE0 or b == 0xC0 or b == 0xC2 or b == 0xC3:
-            p += 1
-        elif b <= 0x8F:
-            pending += 2 * (b & 0x0F)
-            p += 1
-        elif b <= 0x9F:
-            pending += b & 0x0F
-            p += 1
-        elif b <= 0xBF:
-            p += 1 + (b & 0x1F)
-        elif b == 0xC4 or b == 0xD9 or b == 0xC7:  # bin8, str8, ext8
-            if p + 2 > end:
-                return -1
-            p += 2 + buf[p + 1] + (1 if b == 0xC7 else 0)
-        elif b == 0xC5 or b == 0xDA or b == 0xC8 or b == 0xDC or b == 0xDE:  # 16-bit sizes
-            if p + 3 > end:
-                return -1
-            n = (buf[p + 1] << 8) | buf[p + 2]
-            if b == 0xDC:
-                pending += n
-                p += 3
-            elif b == 0xDE:
-                pending += 2 * n
-                p += 3
-            else:
-                p += 3 + n + (1 if b == 0xC8 else 0)
-        elif b == 0xC6 or b == 0xDB or b == 0xC9 or b == 0xDD or b == 0xDF:  # 32-bit sizes
-            if p + 5 > end:
-                return -1
-            n = (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4]
-            if b == 0xDD:
-                pending += n
-                p += 5
-            elif b == 0xDF:
-                pending += 2 * n
-                p += 5
-            else:
-                p += 5 + n + (1 if b == 0xC9 else 0)
-        elif b == 0xCA:
-            p += 5
-        elif b == 0xCB:
-            p += 9
-        elif b >= 0xCC and b <= 0xD3:  # uint8..64, int8..64
-            p += 1 + (1 << ((b - 0xCC) & 3))
-        elif b >= 0xD4 and b <= 0xD8:  # fixext 1, 2, 4, 8, 16
-            p += 2 + (1 << (b - 0xD4))
-        else:  # 0xC1 is never used
-            return -1
-    return p if p <= end else -1
 
 
 @cython.cfunc
@@ -635,7 +570,7 @@ class RequestDecoder:
             self._p = p + 1
             return b == 0xC3
         else:
-            after = _skip(buf, p, end)
+            after = msgpack_scan.skip(buf, p, end)
             if after < 0:
                 raise _NOT_SIMPLE
             self._p = after
@@ -658,7 +593,7 @@ def _unpack_value(data: bytes) -> Any:
 
 def decode_packet(packet: bytes) -> Request | BadRequest:
     """Decode one packet (header map, then optional body map) without its length prefix."""
-    header_end = _skip(packet, 0, len(packet))
+    header_end = msgpack_scan.skip(packet, 0, len(packet))
     if header_end < 0 or _mp_type(packet[0]) != MP_MAP:
         return BadRequest(0, BoxError(ER.INVALID_MSGPACK, "packet header"))
     checked = _check_header(packet, header_end)

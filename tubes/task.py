@@ -29,8 +29,9 @@ from typing import Any
 
 import msgpack
 
+from spaces import msgpack_scan
 from spaces.definitions import FieldDef
-from spaces.msgpack_values import Raw, array_header, pack
+from spaces.msgpack_values import Raw, array_header, pack, unpack
 
 READY = "r"
 DELAYED = "d"
@@ -171,51 +172,29 @@ class Task:
 
 
 class TupleReader:
-    """Splits stored task tuples with one long-lived unpacker (making one per tuple costs more
-    than the split). Not for sharing between threads; every read consumes the whole tuple."""
-
-    def __init__(self) -> None:
-        self._unpacker = self._fresh()
-
-    @staticmethod
-    def _fresh() -> msgpack.Unpacker:
-        return msgpack.Unpacker(raw=False, unicode_errors="surrogateescape", strict_map_key=False)
+    """Splits stored task tuples by walking their msgpack bytes (``spaces.msgpack_scan``, compiled):
+    no field is decoded but the status a reply names."""
 
     def split(self, raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
         """How many fields the tuple has past ``header``, and their bytes as stored."""
-        unpacker = self._unpacker
-        try:
-            base = unpacker.tell()
-            unpacker.feed(raw)
-            count = unpacker.read_array_header()
-            for _ in range(min(count, header)):
-                unpacker.skip()
-            at = unpacker.tell() - base
-            for _ in range(count - header):
-                unpacker.skip()
-        except Exception:
-            self._unpacker = self._fresh()
-            raise
-        return max(count - header, 0), raw[at:]
+        count, offsets = msgpack_scan.fields_at(raw, header)
+        return max(count - header, 0), raw[offsets[header]:]
 
     def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
-        """What the queue functions return: ``[id, tube, status name, data...]``."""
-        unpacker = self._unpacker
-        try:
-            base = unpacker.tell()
-            unpacker.feed(raw)
-            count = unpacker.read_array_header()
-            task_id, tube, status = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
-            for _ in range(min(count, data_at) - 3):
-                unpacker.skip()
-            at = unpacker.tell() - base
-            for _ in range(count - data_at):
-                unpacker.skip()
-        except Exception:
-            self._unpacker = self._fresh()
-            raise
-        head = pack(task_id) + pack(tube) + pack(HUMAN.get(status, status))
-        return Raw(array_header(3 + max(count - data_at, 0)) + head + raw[at:])
+        """What the queue functions return: ``[id, tube, status name, data...]``: the id and the
+        tube as stored, the status by its name, the data fields as stored."""
+        count, offsets = msgpack_scan.fields_at(raw, data_at)
+        if count < 3:
+            raise ValueError("a task tuple has fewer than 3 fields")
+        status = raw[offsets[2]:offsets[3]]
+        named = _PACKED_STATUS_NAMES.get(status)
+        if named is None:
+            value = unpack(status)
+            named = pack(HUMAN.get(value, value))
+        return Raw(array_header(3 + max(count - data_at, 0)) + raw[offsets[0]:offsets[2]] + named + raw[offsets[data_at]:])
+
+
+_PACKED_STATUS_NAMES = {pack(status): pack(name) for status, name in HUMAN.items()}
 
 
 def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:

@@ -1,0 +1,5 @@
+# C declarations of msgpack_scan.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+
+cpdef Py_ssize_t skip(bytes buf, Py_ssize_t p, Py_ssize_t end) except -2
+cpdef tuple array_start(bytes buf)
+cpdef tuple fields_at(bytes buf, Py_ssize_t upto)

@@ -1,0 +1,57 @@
+"""spaces.msgpack_scan: offsets found by walking msgpack bytes agree with msgpack's own decoding,
+and malformed arrays are refused; tubes.task's split and rettask built on it."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spaces import msgpack_scan
+from tubes.task import TupleReader
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
+    st.text(max_size=300), st.binary(max_size=300),
+)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5),
+                      max_leaves=20)
+
+
+@given(st.lists(values, max_size=40), st.integers(0, 45))
+def test_offsets_are_where_each_item_starts(items, upto):
+    raw = msgpack.packb(items, use_bin_type=True)
+    count, offsets = msgpack_scan.fields_at(raw, upto)
+    assert count == len(items)
+    assert len(offsets) == upto + 1
+    for i in range(min(count, upto)):
+        assert msgpack.unpackb(raw[offsets[i]:offsets[i + 1]], raw=False, strict_map_key=False) == items[i]
+    if count <= upto:
+        assert offsets[count:] == [len(raw)] * (upto + 1 - count)
+
+
+@pytest.mark.parametrize("n", [15, 16, 65535, 65536])
+def test_every_array_header_width(n):
+    raw = msgpack.packb(list(range(n)))
+    count, offsets = msgpack_scan.fields_at(raw, 3)
+    assert count == n and msgpack.unpackb(raw[offsets[2]:offsets[3]]) == 2
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x81\x01\x02", b"\x92\x01", b"\x91\xc1", b"\x91\x01\x02", b"\x91\xd9\x05ab"])
+def test_malformed_arrays_are_refused(raw):
+    with pytest.raises(ValueError):
+        msgpack_scan.fields_at(raw, 3)
+
+
+def test_split_and_rettask():
+    reader = TupleReader()
+    header = ["a" * 32, "tube", "t", 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    raw = msgpack.packb([*header, "data", {"k": [1, 2]}])
+    count, tail = reader.split(raw)
+    assert count == 2 and msgpack.unpackb(b"\x92" + tail) == ["data", {"k": [1, 2]}]
+    assert msgpack.unpackb(reader.rettask(raw)) == ["a" * 32, "tube", "taken", "data", {"k": [1, 2]}]
+    unknown = msgpack.packb(["id", "tube", "zz", 1])
+    assert msgpack.unpackb(reader.rettask(unknown)) == ["id", "tube", "zz"]  # an unknown status as stored
+    with pytest.raises(ValueError):
+        reader.rettask(msgpack.packb(["id", "tube"]))
