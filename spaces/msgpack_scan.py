@@ -12,6 +12,13 @@ from __future__ import annotations
 import cython
 
 
+@cython.cfunc
+@cython.inline
+def wide32(b: cython.uint) -> cython.bint:
+    """bin32, str32, ext32, array32, map32: a 32-bit size follows the type byte."""
+    return b == 0xC6 or b == 0xDB or b == 0xC9 or b == 0xDD or b == 0xDF
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def skip(buf: bytes, p: cython.Py_ssize_t, end: cython.Py_ssize_t) -> cython.Py_ssize_t:
@@ -20,6 +27,7 @@ def skip(buf: bytes, p: cython.Py_ssize_t, end: cython.Py_ssize_t) -> cython.Py_
     pending: cython.Py_ssize_t = 1
     b: cython.uint
     n: cython.Py_ssize_t
+    head: cython.Py_ssize_t
     while pending:
         if p >= end:
             return -1
@@ -39,30 +47,21 @@ def skip(buf: bytes, p: cython.Py_ssize_t, end: cython.Py_ssize_t) -> cython.Py_
             if p + 2 > end:
                 return -1
             p += 2 + buf[p + 1] + (1 if b == 0xC7 else 0)
-        elif b == 0xC5 or b == 0xDA or b == 0xC8 or b == 0xDC or b == 0xDE:  # 16-bit sizes
-            if p + 3 > end:
+        elif b == 0xC5 or b == 0xDA or b == 0xC8 or b == 0xDC or b == 0xDE or wide32(b):
+            head = 5 if wide32(b) else 3  # the type byte and a 16- or 32-bit size
+            if p + head > end:
                 return -1
             n = (buf[p + 1] << 8) | buf[p + 2]
-            if b == 0xDC:
+            if head == 5:
+                n = (n << 16) | (buf[p + 3] << 8) | buf[p + 4]
+            if b == 0xDC or b == 0xDD:  # array16, array32
                 pending += n
-                p += 3
-            elif b == 0xDE:
+                p += head
+            elif b == 0xDE or b == 0xDF:  # map16, map32
                 pending += 2 * n
-                p += 3
-            else:
-                p += 3 + n + (1 if b == 0xC8 else 0)
-        elif b == 0xC6 or b == 0xDB or b == 0xC9 or b == 0xDD or b == 0xDF:  # 32-bit sizes
-            if p + 5 > end:
-                return -1
-            n = (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4]
-            if b == 0xDD:
-                pending += n
-                p += 5
-            elif b == 0xDF:
-                pending += 2 * n
-                p += 5
-            else:
-                p += 5 + n + (1 if b == 0xC9 else 0)
+                p += head
+            else:  # bin, str, ext (an ext has a type byte after its size)
+                p += head + n + (1 if b == 0xC8 or b == 0xC9 else 0)
         elif b == 0xCA:
             p += 5
         elif b == 0xCB:

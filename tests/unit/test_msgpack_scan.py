@@ -55,3 +55,15 @@ def test_split_and_rettask():
     assert msgpack.unpackb(reader.rettask(unknown)) == ["id", "tube", "zz"]  # an unknown status as stored
     with pytest.raises(ValueError):
         reader.rettask(msgpack.packb(["id", "tube"]))
+
+
+@pytest.mark.parametrize("value", [
+    "s" * 300, "s" * 70_000, b"b" * 300, b"b" * 70_000,  # str16, str32, bin16, bin32
+    {str(i): i for i in range(20)}, {str(i): i for i in range(70_000)},  # map16, map32
+    list(range(70_000)), msgpack.ExtType(5, b"e" * 300), msgpack.ExtType(5, b"e" * 70_000),
+])
+def test_16_and_32_bit_sizes(value):
+    raw = msgpack.packb([value, 1], use_bin_type=True)
+    count, offsets = msgpack_scan.fields_at(raw, 2)
+    assert count == 2 and raw[offsets[1]:offsets[2]] == b"\x01" and offsets[2] == len(raw)
+    assert msgpack_scan.skip(raw, offsets[0], offsets[1] - 1) == -1  # one byte short: refused
