@@ -494,9 +494,7 @@ class TomlReader:
             space=self.space_name(t, path, "zaqar"),
             auth=auth,
             tokens=tuple(tokens),
-            tls=self.tls(t, path),
-            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
-            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+            **self.http_listener(t, path),
         )
 
     def sonya(self, root: dict[str, Any]) -> SonyaConfig | None:
@@ -515,10 +513,16 @@ class TomlReader:
             longpoll_max_wait_s=self.number(t, path, "longpoll_max_wait_s", 30.0, minimum=0),
             task_events=tuple(self.strings(t, path, "task_events", ())),
             listener_buffer=self.integer(t, path, "listener_buffer", 1024, minimum=1),
-            tls=self.tls(t, path),
-            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
-            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+            **self.http_listener(t, path),
         )
+
+    def http_listener(self, t: dict[str, Any], path: Key) -> dict[str, Any]:
+        """The keys every HTTP listener takes ([zaqar], [sonya], [metrics]): TLS and limits."""
+        return {
+            "tls": self.tls(t, path),
+            "max_connections": self.integer(t, path, "max_connections", None, minimum=1),
+            "header_timeout_s": self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+        }
 
     def metrics(self, root: dict[str, Any]) -> MetricsConfig | None:
         if "metrics" not in root:
@@ -528,9 +532,7 @@ class TomlReader:
         return MetricsConfig(
             listen=self.address(t, path, "listen", DEFAULT_METRICS_LISTEN),
             public=self.boolean(t, path, "public", False),
-            tls=self.tls(t, path),
-            max_connections=self.integer(t, path, "max_connections", None, minimum=1),
-            header_timeout_s=self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+            **self.http_listener(t, path),
         )
 
     # -- typed getters -----------------------------------------------------------------------

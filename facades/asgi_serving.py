@@ -51,6 +51,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
+from iproto_server.listening import Gate
+
 log = logging.getLogger(__name__)
 
 # A connection taken over: the raw socket (non-blocking; the handler's until it returns), its first
@@ -62,7 +64,6 @@ Handler = Callable[[socket.socket, h11.Request, bytes, bytes], Awaitable[bytes |
 Takeover = Callable[[h11.Request], Handler | None]
 
 HEAD_END = b"\r\n\r\n"
-REFUSAL_LOG_INTERVAL_S = 10.0
 _BUSY_BODY = b"Too many connections, try again later.\n"
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -165,13 +166,11 @@ class _FrontDoor:
         self.listening = listening
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
-        self.open = 0
-        self.refused = 0
-        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
+        self.gate = Gate("HTTP", listening.max_connections)
         self.name = "HTTP"
 
     async def serve(self, shutdown: trio.Event, name: str, task_status: trio.TaskStatus[int]) -> None:
-        self.name = name
+        self.name = self.gate.name = name
         sockets = self.config.create_sockets().insecure_sockets  # binds: OSError if busy
         for sock in sockets:
             sock.listen(self.config.backlog)
@@ -195,26 +194,18 @@ class _FrontDoor:
         await trio.serve_listeners(self._connection, [listener], handler_nursery=connections)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        limit = self.listening.max_connections
-        if limit is not None and self.open >= limit:
+        if not self.gate.enter():
             await self._refuse(stream)
             return
-        self.open += 1
         try:
             await self._dispatch(stream)
         except Exception:  # one connection's failure must not stop the server
             log.exception("connection failed")
             await trio.aclose_forcefully(stream)
         finally:
-            self.open -= 1
+            self.gate.leave()
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
-        self.refused += 1
-        now = trio.current_time()
-        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
-            self._refusal_logged_at = now
-            log.warning("%s: %d connections open (max_connections), refusing new ones (%d so far)",
-                        self.name, self.open, self.refused)
         if self.listening.ssl_context is None:
             with trio.move_on_after(1):
                 try:

@@ -37,7 +37,8 @@ def peer_text(stream: trio.SocketStream) -> str:
 
 
 class Gate:
-    """A listener's open connections, against its limit."""
+    """A listener's open connections, against its limit; the first refusal in each ten seconds is
+    logged. The HTTP listeners' front door (``facades/asgi_serving.py``) counts with it too."""
 
     def __init__(self, name: str, limit: int | None) -> None:
         self.name = name

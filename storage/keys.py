@@ -119,23 +119,12 @@ def _double_bits(v: cython.ulonglong) -> cython.ulonglong:
         return 0
     e: cython.int = 0
     w: cython.ulonglong = v
-    if w >> 32:
-        w >>= 32
-        e += 32
-    if w >> 16:
-        w >>= 16
-        e += 16
-    if w >> 8:
-        w >>= 8
-        e += 8
-    if w >> 4:
-        w >>= 4
-        e += 4
-    if w >> 2:
-        w >>= 2
-        e += 2
-    if w >> 1:
-        e += 1
+    step: cython.int = 32
+    while step:  # a binary search for the highest set bit
+        if w >> step:
+            w >>= step
+            e += step
+        step >>= 1
     mantissa: cython.ulonglong = ((v << (52 - e)) if e <= 52 else (v >> (e - 52))) & _MASK52
     return (cython.cast(cython.ulonglong, 1023 + e) << 52) | mantissa
 

@@ -46,6 +46,15 @@ def wait_for_greeting(port: int, timeout: float = 30.0, proc: subprocess.Popen |
     raise RuntimeError(f"server did not answer on port {port}: {last_error}")
 
 
+def rss_kib(pid: int) -> int:
+    """The resident memory of process ``pid``, in KiB (Linux)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 @dataclass
 class ServerProcess:
     """A configured server in a directory of its own; start/stop/kill it as often as needed."""

@@ -25,6 +25,7 @@ byte from the stored tuple whenever the task is rewritten.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgpack
@@ -209,3 +210,14 @@ def stored_parts(raw: bytes, layout: Layout) -> tuple[dict[str, Any], list[Any]]
     fields = msgpack.unpackb(raw, raw=False, strict_map_key=False, unicode_errors="surrogateescape")
     attachments = fields[F_ATTACHMENTS] if layout.data_at > F_ATTACHMENTS and len(fields) > F_ATTACHMENTS else {}
     return (attachments if isinstance(attachments, dict) else {}), fields[layout.data_at:]
+
+
+def data_json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for task data, which is msgpack: bytes become text when they
+    are UTF-8, else base64; the rest str()."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    return str(value)

@@ -15,29 +15,18 @@ publishes its changes.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable
-from typing import Any
 
 from spaces import iterators as it
 from spaces.msgpack_values import unpack
 from spaces.space import decode_tuple
 from tubes.broadcast import Broadcast
 from tubes.engine import ChangeHook, QueueEngine
-from tubes.task import F_ID, F_STATUS, F_TUBE, HEADER_FIELDS, HUMAN
+from tubes.task import F_ID, F_STATUS, F_TUBE, HEADER_FIELDS, HUMAN, data_json_default
 
 DELETED = "deleted"  # the status reported when a task leaves the space (ack, delete, truncate)
 
-
-def _json_default(value: Any) -> Any:
-    """Task data is msgpack: bytes become text when they are UTF-8, else base64; the rest str()."""
-    if isinstance(value, bytes | bytearray):
-        try:
-            return bytes(value).decode()
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode()
-    return str(value)
 
 
 def event_payload(old: str | None, new: str | None, raw: bytes | None, data_at: int = HEADER_FIELDS) -> str:
@@ -52,7 +41,7 @@ def event_payload(old: str | None, new: str | None, raw: bytes | None, data_at: 
         "previous": HUMAN.get(old, old) if old is not None else None,
         "data": data,
     }
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), default=data_json_default)
 
 
 def task_event_hook(broadcast: Broadcast, engine: QueueEngine, tubes: Iterable[str]) -> ChangeHook:

@@ -34,7 +34,7 @@ from google.protobuf import (  # noqa: F401
 
 from facades.deckard.errors import InvalidArgument
 from facades.deckard.generated import deckard_service_pb2 as pb
-from tubes.task import TUBE_LAYOUT, Task, stored_parts
+from tubes.task import TUBE_LAYOUT, Task, data_json_default, stored_parts
 
 DEFAULT_ACK_DEADLINE_MS = 300_000
 MAX_PULL = 1000
@@ -118,16 +118,7 @@ def body_text(data: list[Any]) -> str:
         return data[0]
     if not data:
         return ""
-    return json.dumps(data[0] if len(data) == 1 else data, ensure_ascii=False, default=_json_default)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray):
-        try:
-            return bytes(value).decode()
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode()
-    return str(value)
+    return json.dumps(data[0] if len(data) == 1 else data, ensure_ascii=False, default=data_json_default)
 
 
 def to_message(task: Task, stored: bytes, *, description: bool = True) -> pb.Message:

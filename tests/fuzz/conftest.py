@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.queue_fixtures import QUEUE_SPACE_0
-from tests.serverproc import ServerProcess, free_port
+from tests.serverproc import ServerProcess, free_port, rss_kib
 
 LONG = os.environ.get("BOXQUEUE_FUZZ", "") == "long"
 SCALE = 20 if LONG else 1
@@ -62,14 +62,6 @@ indexes = [
   { name = "by_v", type = "TREE", unique = false, parts = [{ field = 1, type = "scalar", is_nullable = true }] },
 ]
 """
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 class Target:

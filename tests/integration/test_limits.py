@@ -19,17 +19,10 @@ from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.queue_fixtures import QUEUE_SPACE_0
 from tests.integration.security_fixtures import read_exactly
-from tests.serverproc import ServerProcess, free_port
+from tests.serverproc import ServerProcess, free_port, rss_kib
 
 CLIENT = "3381af92-2b9e-11e3-b191-71861300734c"
 MAX = 4
-
-
-def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 class Limited:

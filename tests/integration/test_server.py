@@ -13,6 +13,7 @@ import tarantool
 from tarantool.error import DatabaseError
 
 from tests.integration.conftest import TARGET
+from tests.serverproc import rss_kib
 
 ours = pytest.mark.skipif(TARGET != "ours", reason="checks boxqueue's own process")
 
@@ -416,21 +417,13 @@ def test_a_second_process_on_the_same_data_dir_is_refused(fresh_server):
     assert "in use by another boxqueue process" in proc.stderr
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
 @ours
 def test_a_client_that_never_reads_is_pushed_back(fresh_server):
     """Pipelined requests whose answers are never read: the server stops reading that socket
     instead of buffering answers, keeps serving others, and its memory stays bounded."""
     fresh_server.start()
     pid = fresh_server.proc.pid
-    before = _rss_kib(pid)
+    before = rss_kib(pid)
     greedy = RawClient(fresh_server.port)
     greedy.sock.settimeout(0.5)
     select = greedy.frame({0: 1, 1: 7}, {0x10: 512, 0x12: 100, 0x14: 2, 0x20: []})
@@ -448,7 +441,7 @@ def test_a_client_that_never_reads_is_pushed_back(fresh_server):
     assert sent < 2000 * len(chunk), "the server kept reading without pushing back"
     assert conn.ping(notime=True) == "Success"
     assert len(conn.select("test", [], iterator=2, limit=5)) == 5
-    grown_mib = (_rss_kib(pid) - before) / 1024
+    grown_mib = (rss_kib(pid) - before) / 1024
     assert grown_mib < 200, f"server memory grew by {grown_mib:.0f} MiB"
     conn.close()
     greedy.close()
