@@ -8,7 +8,7 @@ ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc run test test-pure fuzz lint bench clean
+.PHONY: install build check-cc run test test-pure fuzz soak lint bench clean
 
 install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) build
 
@@ -67,6 +67,10 @@ test: install
 # The fuzz tests with 20 times the examples `make test` runs (about half an hour on 2 cores).
 fuzz: install
 	BOXQUEUE_FUZZ=long $(BIN)/python -m pytest -q tests/fuzz
+
+# The soak with over two million requests of every API (about 5 minutes; `make test` runs a short one).
+soak: install
+	BOXQUEUE_SOAK=long $(BIN)/python -m pytest -q -s tests/soak
 
 # The same sources uncompiled: they must still import and pass the unit tests.
 test-pure: install

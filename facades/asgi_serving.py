@@ -46,6 +46,7 @@ from typing import Any
 import h11
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Updated
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
@@ -262,7 +263,29 @@ class _FrontDoor:
 
     async def _hypercorn(self, stream: trio.abc.HalfCloseableStream) -> None:
         """Serve the connection with hypercorn, replaying what was read from it already."""
-        await TCPServer(self.app, self.config, self.context, ConnectionState({}), stream)
+        await _ConnectionServer(self.app, self.config, self.context, ConnectionState({}), stream)
+
+
+class _ConnectionServer(TCPServer):
+    """hypercorn's trio connection server, ended when its client has gone.
+
+    hypercorn 0.18's trio server keeps a connection whose client closed it between requests until
+    its keep-alive timeout (75 s): the end of the stream does not stop its idle timer, and the
+    connection's task group waits for it. A client that opens a connection per request would hold
+    that many connections (their tasks and buffers, and their place under ``max_connections``)
+    for 75 s each. At the end of the stream the timer is stopped here, and not started again."""
+
+    _client_gone = False
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        self._client_gone = True
+        await self.idle_task.stop()
+
+    async def protocol_send(self, event: Any) -> None:
+        if self._client_gone and isinstance(event, Updated) and event.idle:
+            return  # nothing to keep alive for
+        await super().protocol_send(event)
 
 
 def parse_head(data: bytes) -> tuple[h11.Request, int] | None:

@@ -43,7 +43,7 @@ cdef class RequestDecoder:
     cdef bint _gather(self, Py_ssize_t size)
     cpdef object next_event(self)
     cdef Request _decode_simple(self, Py_ssize_t start)
-    cdef void _decode_body(self, Request request)
+    cdef bint _decode_body(self, Request request)
     cdef list _array(self)
     cdef object _value(self)
 

@@ -216,11 +216,11 @@ class FramingError(Exception):
         self.error = error
 
 
-class _NotSimple(Exception):
-    """Raised inside the fast decoder: this packet takes the general path."""
-
-
-_NOT_SIMPLE = _NotSimple()
+# The fast decoder's "this packet takes the general path": ``_value`` returns this object, the
+# other steps return None or False. A status the caller tests, not an exception: a shared
+# exception instance, raised again and again, grows the traceback it carries by every raise (and
+# keeps each frame's locals alive), and a fresh one per packet costs more than the test.
+_NOT_SIMPLE = cython.declare(object, object())
 
 
 # -- reading msgpack from a bytes buffer ----------------------------------------------------------
@@ -353,12 +353,13 @@ class RequestDecoder:
         self._end = start + cython.cast(cython.Py_ssize_t, length)
         self._pos = self._end
         self.packets += 1
-        try:
-            return self._decode_simple(start)
-        except _NotSimple:
+        request: Request = self._decode_simple(start)
+        if request is None:
             return decode_packet(self._buf[start:self._end])
+        return request
 
-    # -- the fast decoder: the usual shapes only, anything else raises _NotSimple ------------
+    # -- the fast decoder: the usual shapes only, anything else answers "not simple" ----------
+    # (None from _decode_simple and _array, False from _decode_body, _NOT_SIMPLE from _value)
 
     @cython.cfunc
     @cython.boundscheck(False)
@@ -377,22 +378,22 @@ class RequestDecoder:
         value: cython.ulonglong
         request: Request
         if p >= end:
-            raise _NOT_SIMPLE
+            return None
         b = buf[p]
         if b < 0x80 or b > 0x8F:
-            raise _NOT_SIMPLE
+            return None
         count = b & 0x0F
         p += 1
         while count:
             count -= 1
             if p + 2 > end:
-                raise _NOT_SIMPLE
+                return None
             key = buf[p]
             b = buf[p + 1]
             if key >= 0x20 or key == 0x04 or not (b <= 0x7F or (b >= 0xCC and b <= 0xCF)):
-                raise _NOT_SIMPLE
+                return None
             if b > 0x7F and p + 2 + (1 << (b - 0xCC)) > end:
-                raise _NOT_SIMPLE
+                return None
             value = _uint_at(buf, p + 1)
             p += 2 if b <= 0x7F else 2 + (1 << (b - 0xCC))
             if key == _H_TYPE:
@@ -409,16 +410,15 @@ class RequestDecoder:
             request.typed = True
             return request
         self._p = p
-        self._decode_body(request)
-        if self._p != end:
-            raise _NOT_SIMPLE
+        if not self._decode_body(request) or self._p != end:
+            return None
         request.typed = True
         return request
 
     @cython.cfunc
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    def _decode_body(self, request: Request) -> cython.void:
+    def _decode_body(self, request: Request) -> cython.bint:
         buf: bytes = self._buf
         end: cython.Py_ssize_t = self._end
         p: cython.Py_ssize_t = self._p
@@ -427,15 +427,17 @@ class RequestDecoder:
         key: cython.uint
         value: cython.ulonglong
         start: cython.Py_ssize_t
+        items: list
+        item: object
         b = buf[p]
         if b < 0x80 or b > 0x8F:
-            raise _NOT_SIMPLE
+            return False
         count = b & 0x0F
         p += 1
         while count:
             count -= 1
             if p + 2 > end:
-                raise _NOT_SIMPLE
+                return False
             key = buf[p]
             b = buf[p + 1]
             p += 1
@@ -447,11 +449,11 @@ class RequestDecoder:
                     p += 1
                 elif b >= 0xCC and b <= 0xCE:  # uint8..32: no value above 2^63
                     if p + 1 + (1 << (b - 0xCC)) > end:
-                        raise _NOT_SIMPLE
+                        return False
                     value = _uint_at(buf, p)
                     p += 1 + (1 << (b - 0xCC))
                 else:
-                    raise _NOT_SIMPLE
+                    return False
                 if key == _K_SPACE_ID:
                     request.space_id = value
                 elif key == _K_INDEX_ID:
@@ -466,61 +468,73 @@ class RequestDecoder:
                     request.index_base = value
             elif key == _K_KEY or key == _K_TUPLE or key == _K_OPS:
                 if not ((b >= 0x90 and b <= 0x9F) or b == 0xDC or b == 0xDD):
-                    raise _NOT_SIMPLE
+                    return False
                 start = p
                 self._p = p
+                items = self._array()
+                if items is None:
+                    return False
                 if key == _K_KEY:
-                    request.key = self._array()
+                    request.key = items
                 elif key == _K_TUPLE:
-                    request.tuple = self._array()
+                    request.tuple = items
                     if request.type == _T_INSERT or request.type == _T_REPLACE or request.type == _T_UPSERT:
                         request.tuple_raw = buf[start:self._p]
                 else:
-                    request.ops = self._array()
+                    request.ops = items
                 p = self._p
             elif key == _K_FUNCTION_NAME or key == _K_EXPR:
                 if not ((b >= 0xA0 and b <= 0xBF) or (b >= 0xD9 and b <= 0xDB)):
-                    raise _NOT_SIMPLE
+                    return False
                 self._p = p
+                item = self._value()
+                if item is _NOT_SIMPLE:
+                    return False
                 if key == _K_FUNCTION_NAME:
-                    request.function_name = self._value()
+                    request.function_name = item
                 else:
-                    request.expr = self._value()
+                    request.expr = item
                 p = self._p
             else:
-                raise _NOT_SIMPLE
+                return False
         self._p = p
+        return True
 
     @cython.cfunc
     @cython.boundscheck(False)
     @cython.wraparound(False)
     def _array(self) -> list:
-        """The array at the cursor, as a list; the cursor moves past it."""
+        """The array at the cursor, as a list (None when it is not simple); the cursor moves
+        past it."""
         buf: bytes = self._buf
         p: cython.Py_ssize_t = self._p
         b: cython.uint = buf[p]
         n: cython.Py_ssize_t
         i: cython.Py_ssize_t
         items: list
+        item: object
         if b <= 0x9F:
             n = b & 0x0F
             p += 1
         elif b == 0xDC:
             if p + 3 > self._end:
-                raise _NOT_SIMPLE
+                return None
             n = (buf[p + 1] << 8) | buf[p + 2]
             p += 3
         else:
             if p + 5 > self._end:
-                raise _NOT_SIMPLE
+                return None
             n = (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4]
             p += 5
         if n > self._end - p:  # every item takes a byte at least
-            raise _NOT_SIMPLE
+            return None
         items = [None] * n
         self._p = p
         for i in range(n):
-            items[i] = self._value()
+            item = self._value()
+            if item is _NOT_SIMPLE:
+                return None
+            items[i] = item
         return items
 
     @cython.cfunc
@@ -528,7 +542,7 @@ class RequestDecoder:
     @cython.wraparound(False)
     def _value(self) -> object:
         """The value at the cursor (ints, strings, nil and booleans here; anything else through
-        msgpack); the cursor moves past it."""
+        msgpack; ``_NOT_SIMPLE`` for anything it cannot read); the cursor moves past it."""
         buf: bytes = self._buf
         p: cython.Py_ssize_t = self._p
         end: cython.Py_ssize_t = self._end
@@ -536,7 +550,7 @@ class RequestDecoder:
         n: cython.Py_ssize_t
         after: cython.Py_ssize_t
         if p >= end:
-            raise _NOT_SIMPLE
+            return _NOT_SIMPLE
         b = buf[p]
         if b <= 0x7F:
             self._p = p + 1
@@ -546,18 +560,18 @@ class RequestDecoder:
             p += 1
         elif b == 0xD9:
             if p + 2 > end:
-                raise _NOT_SIMPLE
+                return _NOT_SIMPLE
             n = buf[p + 1]
             p += 2
         elif b == 0xDA:
             if p + 3 > end:
-                raise _NOT_SIMPLE
+                return _NOT_SIMPLE
             n = (buf[p + 1] << 8) | buf[p + 2]
             p += 3
         elif b >= 0xCC and b <= 0xCF:
             n = 1 << (b - 0xCC)
             if p + 1 + n > end:
-                raise _NOT_SIMPLE
+                return _NOT_SIMPLE
             self._p = p + 1 + n
             return _uint_at(buf, p)
         elif b >= 0xE0:
@@ -572,11 +586,11 @@ class RequestDecoder:
         else:
             after = msgpack_scan.skip(buf, p, end)
             if after < 0:
-                raise _NOT_SIMPLE
+                return _NOT_SIMPLE
             self._p = after
             return _unpack_value(buf[p:after])
         if p + n > end:
-            raise _NOT_SIMPLE
+            return _NOT_SIMPLE
         self._p = p + n
         return buf[p:p + n].decode("utf-8", "surrogateescape")
 
@@ -585,7 +599,7 @@ def _unpack_value(data: bytes) -> Any:
     try:
         return unpack(data)
     except Exception:
-        raise _NOT_SIMPLE from None
+        return _NOT_SIMPLE
 
 
 # -- the general path -----------------------------------------------------------------------------

@@ -124,22 +124,25 @@ def wrap_call16(values: list[Any]) -> list[Any]:
 
 
 @cython.cfunc
-def _procedure_error(exc: Exception) -> Exception:
+def _procedure_error(exc: Exception, name: str, stats: Any) -> Exception:
     """What a procedure raised, as the client sees it: Python errors become ER_PROC_LUA with their
-    text, the way a Lua error reaches a Tarantool client."""
+    text, the way a Lua error reaches a Tarantool client. They are bugs (a procedure's refusals
+    are BoxErrors, a Lua function's errors too): counted and logged, so that one does not pass for
+    a user's Lua error."""
     if isinstance(exc, BoxError | StorageError):
         return exc
+    stats.count_unexpected(f"procedure {name!r}", exc)
     return BoxError(ER.PROC_LUA, message=str(exc) or type(exc).__name__)
 
 
 @cython.cfunc
-def _as_box_error(exc: BaseException) -> BoxError:
+def _as_box_error(exc: BaseException, stats: Any) -> BoxError:
     if isinstance(exc, BoxError):
         return exc
     if isinstance(exc, StorageError):
         log.error("storage failure: %s", exc)
         return BoxError(ER.WAL_IO)
-    log.exception("internal error while handling a request")
+    stats.count_unexpected("a request", exc)
     return BoxError(ER.SYSTEM, f"internal error: {type(exc).__name__}")
 
 
@@ -216,7 +219,7 @@ class _WriteReply:
         outbox: Outbox = self.outbox
         version: cython.ulonglong = self.dispatcher.catalog.schema_version
         if error is not None:
-            box_error = _as_box_error(error)
+            box_error = _as_box_error(error, self.dispatcher.stats)
             self.dispatcher.stats.count_error(self.rtype, box_error)
             write_response(outbox.out, self.sync, version, codec.error_body(box_error),
                            codec.ERROR_FLAG | box_error.code)
@@ -295,7 +298,7 @@ class Dispatcher:
             else:
                 raise BoxError(ER.UNKNOWN_REQUEST_TYPE, rtype)
         except Exception as exc:
-            error = _as_box_error(exc)
+            error = _as_box_error(exc, self.stats)
             self.stats.count_error(rtype, error)
             write_response(out, sync, self.catalog.schema_version, codec.error_body(error),
                            codec.ERROR_FLAG | error.code)
@@ -342,7 +345,7 @@ class Dispatcher:
         return codec.error_response(sync, self.catalog.schema_version, error)
 
     @cython.cfunc
-    def _reply_later(self, sync: cython.ulonglong, later: Later, outbox: Outbox) -> cython.void:
+    def _reply_later(self, sync: cython.ulonglong, later: Later, outbox: Outbox, name: str) -> cython.void:
         def settled(body: bytes | None, error: BaseException | None) -> None:
             version = self.catalog.schema_version
             if error is None:
@@ -350,7 +353,7 @@ class Dispatcher:
             else:
                 if not isinstance(error, Exception):
                     error = RuntimeError(repr(error))
-                box_error = _as_box_error(_procedure_error(error))
+                box_error = _as_box_error(_procedure_error(error, name, self.stats), self.stats)
                 self.stats.count_error(T_CALL, box_error)
                 write_response(outbox.out, sync, version, codec.error_body(box_error),
                                codec.ERROR_FLAG | box_error.code)
@@ -362,7 +365,7 @@ class Dispatcher:
         try:
             body = await pending
         except Exception as exc:
-            failure = _as_box_error(exc)
+            failure = _as_box_error(exc, self.stats)
             self.stats.count_error(rtype, failure)
             return codec.error_response(sync, self.catalog.schema_version, failure)
         return codec.response(sync, self.catalog.schema_version, body)
@@ -542,13 +545,13 @@ class Dispatcher:
         if entry.writes and session.read_only:
             raise BoxError(ER.READONLY)
         if entry.is_async:
-            return self._finish(sync, self._run_procedure(entry.fn(session.context, *args), entry.name, call16))
+            return self._finish(sync, self._run_procedure(entry.invoke(session.context, args), entry.name, call16))
         try:
-            values = entry.fn(session.context, *args)
+            values = entry.invoke(session.context, args)
         except Exception as exc:
-            raise _procedure_error(exc) from exc
+            raise _procedure_error(exc, entry.name, self.stats) from exc
         if type(values) is Later:
-            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), outbox)
+            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), outbox, entry.name)
             return PENDING
         if type(values) is list:
             return _call_body(values, call16)
@@ -560,8 +563,7 @@ class Dispatcher:
         try:
             values = await running
         except Exception as exc:
-            log.debug("procedure %s raised", name, exc_info=True)
-            raise _procedure_error(exc) from exc
+            raise _procedure_error(exc, name, self.stats) from exc
         return _call_body(values, call16)
 
     @cython.cfunc

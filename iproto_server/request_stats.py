@@ -10,12 +10,16 @@ listener reads the same counts when it is scraped: nothing more is done per requ
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Any
 
 import trio
 
 from iproto_server import codec
+from measures import RateLimit
+
+log = logging.getLogger(__name__)
 
 NAMES = {
     codec.SELECT: "SELECT",
@@ -48,6 +52,8 @@ class RequestStats:
         # (unix time, request type or 256, code, message) of the latest errors
         self.recent_errors: collections.deque[tuple[float, int, int, str]] = collections.deque(maxlen=RECENT_ERRORS)
         self.by_name: collections.Counter[str] = collections.Counter()
+        self.unexpected = 0  # exceptions a request raised that are no error of the protocol's: bugs
+        self._unexpected_log = RateLimit()
         self._history: collections.deque[tuple[float, dict[str, int]]] = collections.deque(maxlen=WINDOW_S + 1)
 
     def count(self, request_type: int) -> None:
@@ -60,6 +66,15 @@ class RequestStats:
         self.errors_by_type[request_type if 0 <= request_type < 256 else 256] += 1
         self.errors_by_code[error.code] += 1
         self.recent_errors.append((time.time(), request_type, error.code, error.message))
+
+    def count_unexpected(self, where: str, exc: BaseException) -> None:
+        """An exception that is no BoxError (a bug: a TypeError, a KeyError...) reached the client as
+        an error: count it, and log it with its traceback (at most ten a minute)."""
+        self.unexpected += 1
+        if self._unexpected_log.allow():
+            held = self._unexpected_log.take_held()
+            more = f" ({held} more since the last one logged)" if held else ""
+            log.error("unexpected %s in %s%s", type(exc).__name__, where, more, exc_info=exc)
 
     def count_name(self, name: str) -> None:
         self.by_name[name] += 1

@@ -168,7 +168,7 @@ class Operations:
         self.catalog.access.check(job.ctx.user, acl.EXECUTE, acl.FUNCTION, name)
         if entry.writes and job.ctx.read_only:
             raise BoxError(ER.READONLY)
-        return entry.fn(job.ctx, *args)
+        return entry.invoke(job.ctx, args)
 
     def space(self, job: Job, space_id: Any, iid: Any, method: Any, *args: Any) -> Any:
         """``box.space[id].index[iid]:method(...)`` through the registry's space methods."""
@@ -185,7 +185,7 @@ class Operations:
         counted = _COUNTED_AS.get(method)
         if counted is not None and self.stats is not None:
             self.stats.count_name(counted)
-        return entry.fn(job.ctx, *args)
+        return entry.invoke(job.ctx, args)
 
     def stat(self, job: Job) -> list[Any]:
         if self.stats is None:

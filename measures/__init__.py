@@ -116,6 +116,35 @@ class RequestMeter:
             self.open -= 1
 
 
+class RateLimit:
+    """At most ``burst`` events in each window of ``window_s`` seconds, for logging what would
+    otherwise flood the log (a traceback per request of a busy client). ``held`` counts the events
+    refused since the last one allowed, for the next line logged to say."""
+
+    __slots__ = ("burst", "window_s", "held", "_since", "_allowed")
+
+    def __init__(self, burst: int = 10, window_s: float = 60.0) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self.held = 0
+        self._since = -window_s
+        self._allowed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now - self._since >= self.window_s:
+            self._since, self._allowed = now, 0
+        if self._allowed < self.burst:
+            self._allowed += 1
+            return True
+        self.held += 1
+        return False
+
+    def take_held(self) -> int:
+        held, self.held = self.held, 0
+        return held
+
+
 class Gauges:
     """Named figures read at scrape time from callbacks, for parts that plug in later (a
     write-ahead log's size and checkpoints, say): ``add("boxqueue_wal_bytes", "help", fn)``."""

@@ -131,9 +131,13 @@ class BoxqueueCollector(Collector):
         in_progress = GaugeMetricFamily("boxqueue_api_requests_in_progress", "Requests begun and not answered yet "
                                         "(Sonya: long-polls waiting; a WebSocket listener counts until its "
                                         "handshake is answered)", labels=["api"])
+        unexpected = CounterMetricFamily("boxqueue_unexpected_errors", "Exceptions that reached a client as an "
+                                         "error without being an error of its protocol (bugs: each is logged "
+                                         "with its traceback, at most ten a minute)", labels=["api"])
         latencies: list[tuple[list[str], Histogram]] = []
         stats, iproto = o.stats, o.iproto
         if stats is not None:
+            unexpected.add_metric(["iproto"], stats.unexpected)
             by_type = stats.by_type
             failed = stats.errors_by_type
             for rtype, count in enumerate(by_type):
@@ -177,6 +181,7 @@ class BoxqueueCollector(Collector):
             latencies.append(([api], latency))
         yield requests
         yield errors
+        yield unexpected
         yield connections
         yield accepted
         yield in_progress

@@ -6,6 +6,9 @@ cdef class ProcedureEntry:
     cdef public bint is_async
     cdef public bint writes
     cdef public object id
+    cdef public Py_ssize_t max_args
+
+    cpdef object invoke(self, object ctx, object args)
 
 
 cdef class Procedures:

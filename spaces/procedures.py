@@ -44,6 +44,14 @@ class ProcedureEntry:
         self.is_async = is_async
         self.writes = writes
         self.id = id
+        self.max_args = max_args(fn)
+
+    def invoke(self, ctx: CallContext, args: Any) -> Any:
+        """Run the procedure with the call's arguments; those past the ones it names are dropped,
+        as a Lua function ignores them (``box.info`` called with arguments answers as without)."""
+        if self.max_args >= 0 and len(args) > self.max_args:
+            args = args[: self.max_args]
+        return self.fn(ctx, *args)
 
     def __repr__(self) -> str:
         return f"ProcedureEntry({self.name!r}, writes={self.writes})"
@@ -84,6 +92,21 @@ class Procedures:
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+
+def max_args(fn: Procedure) -> int:
+    """How many arguments ``fn`` takes after the call context; -1: any number."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: pass everything
+        return -1
+    positional = 0
+    for parameter in parameters:
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return -1
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return max(positional - 1, 0)
 
 
 def make_entry(name: str, fn: Procedure, *, writes: bool = False) -> ProcedureEntry:

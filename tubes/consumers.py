@@ -49,12 +49,18 @@ class Consumers(EngineBase):
         A task ready now is taken without a task of its own (a :class:`Later`); only a take that
         has to wait is a coroutine."""
         queue_space = self.queue_space(space_id)
-        tube = self._tube(queue_space, tube_name)
+        tube = self.tubes.get((queue_space.id, tube_name))
+        if tube is None:
+            if timeout <= 0:  # polling a tube that holds nothing: no tube is made for it
+                self._count_forgotten((queue_space.id, tube_name), "take_timeout")
+                return Later.done(None)
+            tube = self._tube(queue_space, tube_name)
         taking = self._take_ready(queue_space, tube, consumer)
         if taking is not None:
             return taking
         if timeout <= 0:
             tube.count("take_timeout")
+            self._forget_if_unused(tube)
             return Later.done(None)
         return self._take_waiting(queue_space, tube_name, consumer, trio.current_time() + timeout)
 
@@ -78,6 +84,7 @@ class Consumers(EngineBase):
                 return await taking
             if trio.current_time() >= deadline:
                 tube.count("take_timeout")
+                self._forget_if_unused(tube)
                 return None
 
     def _take_ready(self, queue_space: QueueSpace, tube: Tube, consumer: int) -> Later[bytes] | None:

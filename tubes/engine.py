@@ -25,6 +25,7 @@ to consumers only once their put is durable. After a change is durable the chang
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -265,23 +266,29 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
         return raw
 
     def statistics(self, space_id: int | None = None, tube_name: str | None = None) -> list[Any]:
-        """The flat list of section 5.1: counters in the order they first moved, then tasks.*."""
+        """The flat list of section 5.1: counters in the order they first moved, then tasks.*.
+        A forgotten tube's counters (:attr:`forgotten`) are listed with no tasks."""
         out: list[Any] = []
-        for (sid, name), tube in self.tubes.items():
-            if space_id is not None and sid != space_id:
-                continue
-            if tube_name is not None and name != tube_name:
-                continue
-            if not tube.stats:
+        if space_id is not None and tube_name is not None:
+            key = (space_id, tube_name)
+            tubes = [(key, self.tubes[key])] if key in self.tubes else []
+            idle = [(key, self.forgotten[key])] if key in self.forgotten else []
+        else:
+            tubes, idle = list(self.tubes.items()), list(self.forgotten.items())
+        no_tasks = dict.fromkeys(STATUS_ORDER, 0)
+        for (sid, name), stats, total, counts in itertools.chain(
+            ((key, tube.stats, len(tube.tasks), tube.counts) for key, tube in tubes),
+            ((key, remains.stats, 0, no_tasks) for key, remains in idle),
+        ):
+            if not stats or space_id is not None and sid != space_id or tube_name is not None and name != tube_name:
                 continue
             prefix = f"space{sid}.{name}."
-            for counter, value in tube.stats.items():
+            for counter, value in stats.items():
                 out += [prefix + counter, value]
-            out += [prefix + "tasks.total", len(tube.tasks)]
+            out += [prefix + "tasks.total", total]
             for status in STATUS_ORDER:
-                out += [prefix + "tasks." + HUMAN[status], tube.counts[status]]
+                out += [prefix + "tasks." + HUMAN[status], counts[status]]
         return out
-
 
 __all__ = [
     "CLAIM_RECORDS", "OWNED_SPACES", "TUBE_RECORDS", "ChangeHook", "QueueEngine", "QueueSpace", "StorageError",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,11 +39,14 @@ from tubes.task import (
     TupleReader,
     encode_task,
 )
-from tubes.tube import TALLIES, Tube, tally_of
+from tubes.tube import TALLIES, Remains, Tube, tally_of
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 3600.0
+# What memory keeps of tubes forgotten with nothing in them (box.queue's counters, which 1.5 shows
+# for the life of the process, and the metrics' tallies): for the most recently used this many.
+FORGOTTEN_KEPT = 10_000
 MAX_TIME_US = tr.MAX_TIME_US
 
 # (space id, tube, task id, status before or None, status after or None, stored tuple or None)
@@ -143,6 +147,8 @@ class EngineBase:
         self._upserting: dict[tuple[int, str, str], trio.Event] = {}
         self.reader = TupleReader()  # on the event loop only, like everything here
         self.tallies: dict[int, list[int]] = {}  # per space: the sum of its tubes' tallies, never reset
+        # (space id, tube) -> the counters of a forgotten tube, oldest first (bounded)
+        self.forgotten: OrderedDict[tuple[int, str], Remains] = OrderedDict()
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -215,6 +221,10 @@ class EngineBase:
         tube = self.tubes.get(key)
         if tube is None:
             tube = self.tubes[key] = Tube(queue_space.id, name, queue_space.kind)
+            if self.forgotten:
+                remains = self.forgotten.pop(key, None)
+                if remains is not None:
+                    tube.stats, tube.tally = remains.stats, remains.tally
         return tube
 
     def existing_tube(self, space_id: int, name: str) -> Tube | None:
@@ -305,14 +315,33 @@ class EngineBase:
         return f"{bits:032x}"
 
     def _forget_if_unused(self, tube: Tube) -> None:
-        """Forget a tube memory need not keep; a record that only named its kind goes too."""
+        """Forget a tube memory need not keep; a record that only named its kind goes too.
+
+        Its counters stay in :attr:`forgotten` (bounded) and come back with the tube: a tube
+        holds a few kilobytes of structures, and a server whose clients name a new tube per job
+        must not keep one for every name it ever saw."""
         key = (tube.space_id, tube.name)
         if tube.unused() and self.tubes.get(key) is tube:
             del self.tubes[key]
+            if tube.stats or any(tube.tally):
+                self._keep_forgotten(key, Remains(tube.stats, tube.tally))
             if tube.options is not None:
                 tube.options = None
                 self.committer.submit(self._record_write(TUBE_RECORDS, None, list(key)),
                                       log_failure(f"deleting the record of tube {tube.name!r}"))
+
+    def _keep_forgotten(self, key: tuple[int, str], remains: Remains) -> None:
+        self.forgotten[key] = remains
+        if len(self.forgotten) > FORGOTTEN_KEPT:
+            self.forgotten.popitem(last=False)
+
+    def _count_forgotten(self, key: tuple[int, str], counter: str) -> None:
+        """Count on a tube memory does not hold (a take that found nothing), without making one."""
+        remains = self.forgotten.pop(key, None)
+        if remains is None:
+            remains = Remains({}, [0] * len(TALLIES))
+        remains.stats[counter] = remains.stats.get(counter, 0) + 1
+        self._keep_forgotten(key, remains)
 
     def _start_monitor(self, tube: Tube) -> None:
         raise NotImplementedError  # tubes.monitors

@@ -77,8 +77,8 @@ class TaskVerbs(EngineBase):
     async def kick(self, space_id: int, tube_name: str, count: int) -> int:
         """Up to ``count`` buried tasks, in take order, become ready (D5)."""
         queue_space = self.queue_space(space_id)
-        tube = self._tube(queue_space, tube_name)
-        if count <= 0:
+        tube = self.tubes.get((queue_space.id, tube_name))
+        if count <= 0 or tube is None:
             return 0
         chosen = tube.buried_in_order()[:count]
         pending = [

@@ -63,6 +63,17 @@ class Claim:
         return [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
 
 
+class Remains:
+    """What memory keeps of a tube it forgot (see ``EngineBase._forget_if_unused``): box.queue's
+    counters and the metrics' tallies, which go on where they were if the tube is used again."""
+
+    __slots__ = ("stats", "tally")
+
+    def __init__(self, stats: dict[str, int], tally: list[int]) -> None:
+        self.stats = stats
+        self.tally = tally
+
+
 class Tube:
     """The tasks of one (space, tube) and what waits on them."""
 
@@ -88,7 +99,7 @@ class Tube:
         self.unique_lock: trio.Lock | None = None  # put_unique: look up and insert as one step
         self.pending = 0  # writes in flight that insert tasks
         self.dropped = False  # the tube was dropped: what is still being written into it goes
-        self.tally = [0] * len(TALLIES)  # see tally_of; restarts when the engine forgets the tube
+        self.tally = [0] * len(TALLIES)  # see tally_of; kept with the Remains of a forgotten tube
 
     # -- structures ------------------------------------------------------------------------
 
@@ -159,7 +170,7 @@ class Tube:
         names its kind goes with it)."""
         stored = self.options is not None and (self.kind.stored_tubes or bool(set(self.options) - {"kind"}))
         return not (
-            self.tasks or self.stats or self.waiters or self.claims or stored
+            self.tasks or self.waiters or self.claims or stored
             or self.limit or self.monitor_running or self.unique_lock is not None or self.pending
         )
 

@@ -5,6 +5,13 @@ test checks its protocol's shape), the server process is alive, a well-behaved c
 connection is served, nothing acknowledged before the fuzzing is lost (:meth:`Target.check_sentinels`,
 run after every example), and the server's memory stays bounded (checked once per module).
 
+Memory is judged by its slope, not only by its end point: a module's few hundred examples are too
+few requests for a leak of a few hundred bytes each to show against the allocators' noise, so
+once a module's fuzzing is done its examples are sent again, round after round (each example
+records how to, with :meth:`Target.replayable`) until RSS is flat: its slope over the last
+``REPLAY_WINDOW`` requests under ``REPLAY_BYTES_PER_REQUEST``. A server still climbing after
+``REPLAY_MOST`` requests fails the module.
+
 ``make test`` runs the ``quick`` profile (a budget of about 90 s for all fuzz tests together on
 the shared 2-core machine); ``make fuzz`` runs ``BOXQUEUE_FUZZ=long`` (20x the examples).
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import grpc
 import httpx
@@ -24,6 +32,7 @@ from hypothesis import HealthCheck, settings
 from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.queue_fixtures import QUEUE_SPACE_0
+from tests.memory_slope import MemoryTrace
 from tests.serverproc import ServerProcess, free_port, rss_kib
 
 LONG = os.environ.get("BOXQUEUE_FUZZ", "") == "long"
@@ -46,6 +55,16 @@ SENTINEL_PROJECT = "sentinel-project"  # Zaqar; fuzz tests use other projects
 SENTINEL_NAME = "sentinel"  # the queue of each API holding acknowledged data; fuzz tests avoid it
 SENTINEL_SPACE = 7777  # no fuzz test names it: what it holds must survive everything
 MEMORY_BOUND_KIB = 300 * 1024  # growth of the server's RSS over a whole fuzz module
+# After a module's fuzzing its examples are sent again until RSS is flat over the last
+# REPLAY_WINDOW requests (a least-squares slope under REPLAY_BYTES_PER_REQUEST); a server that is
+# still climbing after REPLAY_MOST requests fails. The memory of a fresh server climbs for a while
+# before it levels off (trio keeps up to a thousand ended cancel scopes in its deadline heap,
+# allocator arenas and the Lua heap fill up), by a few MB over the first thousands of
+# connections; a leak never levels off.
+REPLAY_WINDOW = 6_000 * (4 if LONG else 1)
+REPLAY_MOST = 10 * REPLAY_WINDOW
+REPLAY_BYTES_PER_REQUEST = 100
+MAX_REPLAYS = 400  # examples kept per module
 
 FUZZ_SPACES = """
 [[space]]
@@ -80,6 +99,13 @@ class Target:
         self.proc = ServerProcess(workdir, extra_config=config, wal_mode="write", admin_port=free_port())
         self.good: tarantool.Connection | None = None
         self.deckard: grpc.Channel | None = None
+        self.replays: list[Callable[[], int]] = []
+
+    def replayable(self, send: Callable[[], int]) -> None:
+        """How to send an example's requests again (``send`` returns how many it sent), for the
+        memory check at the end of the module."""
+        if len(self.replays) < MAX_REPLAYS:
+            self.replays.append(send)
 
     def start(self) -> None:
         self.proc.start()
@@ -146,15 +172,46 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def memory_bounded(target):
-    """Fails the module whose fuzzing grows the server's memory past the bound."""
+    """Fails the module whose fuzzing grows the server's memory past the bound, or whose examples,
+    sent again and again, make its memory climb (see the module's docstring)."""
     before = rss_kib(target.pid())
     log_at = len(target.proc.log())
+    target.replays = []
     yield
     time.sleep(0.5)
     grown = rss_kib(target.pid()) - before
     assert grown < MEMORY_BOUND_KIB, f"the server grew by {grown} KiB during this fuzz module"
+    replays, target.replays = target.replays, []
+    if replays:
+        trace, window = replay_until_flat(target, replays)
+        report = trace.report(window)
+        print("\n" + report)
+        assert trace.bytes_per_request(window) < REPLAY_BYTES_PER_REQUEST, (
+            f"the server's memory still climbs after {trace.samples[-1].requests} requests of this module's "
+            f"examples sent again (the table: the last {REPLAY_WINDOW} of them):\n{report}")
+    target.check_alive()
     logged = target.proc.log()[log_at:]
     assert "Traceback" not in logged, "the server logged an unexpected exception:\n" + logged[-6000:]
+
+
+def replay_until_flat(target: Target, replays: list[Callable[[], int]]) -> tuple[MemoryTrace, int]:
+    """Send the examples again, round after round, reading RSS after each round, until the samples
+    of the last REPLAY_WINDOW requests are flat or REPLAY_MOST requests have gone: the trace and
+    the index of the window's first sample."""
+    trace = MemoryTrace(target.pid())
+    trace.sample("replay", 0)
+    sent = 0
+    while True:
+        for send in replays:
+            sent += send()
+        trace.sample("replay", sent)
+        # the window: the last REPLAY_WINDOW requests, and six rounds at least
+        window = min(next(i for i, s in enumerate(trace.samples) if s.requests >= sent - REPLAY_WINDOW),
+                     len(trace.samples) - 7)
+        if sent >= REPLAY_MOST:
+            return trace, max(window, 0)
+        if sent >= REPLAY_WINDOW and window >= 0 and trace.bytes_per_request(window) < REPLAY_BYTES_PER_REQUEST:
+            return trace, window
 
 
 def raw_connection(port: int, timeout: float = 10.0) -> socket.socket:

@@ -108,6 +108,7 @@ def check_answer(response: httpx.Response) -> None:
 @fuzz_settings(150)
 @given(request=http_requests(ZAQAR_PATHS))
 def test_zaqar_requests(target, memory_bounded, request):
+    target.replayable(lambda: http_request(target.zaqar_port, request))
     with httpx.Client(base_url=f"http://127.0.0.1:{target.zaqar_port}", timeout=30) as client:
         check_answer(client.request(**request))
     target.check_alive()
@@ -116,9 +117,17 @@ def test_zaqar_requests(target, memory_bounded, request):
 @fuzz_settings(150)
 @given(request=http_requests(SONYA_PATHS))
 def test_sonya_requests(target, memory_bounded, request):
+    target.replayable(lambda: http_request(target.sonya_port, request))
     with httpx.Client(base_url=f"http://127.0.0.1:{target.sonya_port}", timeout=30) as client:
         check_answer(client.request(**request))
     target.check_alive()
+
+
+def http_request(port: int, request: dict) -> int:
+    """Send an example's request again (for the memory check): one request."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        client.request(**request)
+    return 1
 
 
 HTTP_WORDS = [b"GET ", b"POST ", b"/v1.1/queues/q", b"/queue/listen/ws/q", b"/queue/listen/longpoll/fuzzws?sequence=1",
@@ -134,6 +143,7 @@ HTTP_WORDS = [b"GET ", b"POST ", b"/v1.1/queues/q", b"/queue/listen/ws/q", b"/qu
 def test_raw_http_bytes(target, memory_bounded, data, which):
     target_create_queue(target)  # so a long-poll or WebSocket head reaches Sonya's own listeners
     port = target.zaqar_port if which == "zaqar" else target.sonya_port
+    target.replayable(lambda: raw_request(port, data))
     with raw_connection(port) as sock:
         answer = send_and_finish(sock, data)
     if answer:
@@ -141,6 +151,12 @@ def test_raw_http_bytes(target, memory_bounded, data, which):
         status = int(answer.split(b" ", 2)[1])
         assert status < 500 or status == 503 and b"Too many connections" in answer, answer[:300]
     target.check_alive()
+
+
+def raw_request(port: int, data: bytes) -> int:
+    with raw_connection(port) as sock:
+        send_and_finish(sock, data)
+    return 1
 
 
 def ws_frame(opcode: int, payload: bytes, fin: bool = True, masked: bool = True, rsv: int = 0) -> bytes:
@@ -169,6 +185,28 @@ def test_websocket_frames(target, memory_bounded, sent):
     """Random frames (any opcode, masking, fragmentation, reserved bits) and bytes on a Sonya
     WebSocket listener: the server answers with well-formed frames and closes with a close frame
     or the connection's end; it goes on serving."""
+    status, answer = websocket_session(target, sent)
+    if status != 101:
+        assert status == 404  # the queue does not exist yet: created below for the next examples
+        target_create_queue(target)
+        return
+    target.replayable(lambda: websocket_again(target, sent))
+    at = 0
+    while at + 2 <= len(answer):  # every frame the server sent is well formed (unmasked)
+        assert answer[at + 1] & 0x80 == 0
+        length, start = answer[at + 1] & 0x7F, at + 2
+        if length == 126:
+            length, start = struct.unpack("!H", answer[at + 2:at + 4])[0], at + 4
+        elif length == 127:
+            length, start = struct.unpack("!Q", answer[at + 2:at + 10])[0], at + 10
+        assert start + length <= len(answer), "a frame cut short"
+        at = start + length
+    target.check_alive()
+
+
+def websocket_session(target, sent: list[bytes]) -> tuple[int, bytes]:
+    """Open a listener on ``fuzzws``, send ``sent`` once it is open: the handshake's status and
+    what the server sent after it."""
     with raw_connection(target.sonya_port) as sock:
         key = base64.b64encode(os.urandom(16)).decode()
         sock.sendall(f"GET /queue/listen/ws/fuzzws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
@@ -181,21 +219,14 @@ def test_websocket_frames(target, memory_bounded, sent):
         head, rest = head.split(b"\r\n\r\n", 1)
         status = int(head.split(b" ", 2)[1])
         if status != 101:
-            assert status == 404  # the queue does not exist yet: created below for the next examples
-            target_create_queue(target)
-            return
-        answer = rest + send_and_finish(sock, b"".join(sent))
-    at = 0
-    while at + 2 <= len(answer):  # every frame the server sent is well formed (unmasked)
-        assert answer[at + 1] & 0x80 == 0
-        length, start = answer[at + 1] & 0x7F, at + 2
-        if length == 126:
-            length, start = struct.unpack("!H", answer[at + 2:at + 4])[0], at + 4
-        elif length == 127:
-            length, start = struct.unpack("!Q", answer[at + 2:at + 10])[0], at + 10
-        assert start + length <= len(answer), "a frame cut short"
-        at = start + length
-    target.check_alive()
+            return status, rest
+        return status, rest + send_and_finish(sock, b"".join(sent))
+
+
+def websocket_again(target, sent: list[bytes]) -> int:
+    """An example's session made again, for the memory check: the upgrade and the frames."""
+    websocket_session(target, sent)
+    return 1 + len(sent)
 
 
 def target_create_queue(target) -> None:

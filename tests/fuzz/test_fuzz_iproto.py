@@ -85,9 +85,19 @@ def check_responses(data: bytes) -> list[dict]:
 
 
 def exchange(target, frames: list[bytes]) -> list[dict]:
+    """Send the frames on a new connection; the answers, checked. The example is kept to be sent
+    again for the module's memory check."""
+    target.replayable(lambda: send_frames(target, frames))
     with raw_connection(target.proc.port) as sock:
         read_exactly(sock, 128)
         return check_responses(send_and_finish(sock, b"".join(frames)))
+
+
+def send_frames(target, frames: list[bytes]) -> int:
+    with raw_connection(target.proc.port) as sock:
+        read_exactly(sock, 128)
+        send_and_finish(sock, b"".join(frames))
+    return len(frames)
 
 
 @fuzz_settings(100)
@@ -124,6 +134,16 @@ LUA_WORDS = ["box.space.kv", ":select", ":replace", ":get", ":len()", "(", ")", 
                       max_size=3))
 def test_console_lines(target, memory_bounded, lines):
     """Each line gets one YAML document (an answer or ``- error: ...``); the console goes on."""
+    target.replayable(lambda: len(console_documents(target, lines)))
+    for document in console_documents(target, lines):
+        assert document.startswith("---")
+        yaml.safe_load(document)
+    target.check_alive()
+
+
+def console_documents(target, lines: list[str]) -> list[str]:
+    """Each line's answer, on a new console connection."""
+    documents = []
     with raw_connection(target.proc.admin_port) as sock:
         greeting = read_exactly(sock, 128)
         assert b"console" in greeting
@@ -137,7 +157,5 @@ def test_console_lines(target, memory_bounded, lines):
                 chunk = sock.recv(65536)
                 assert chunk, f"console closed after {line!r}"
                 data += chunk
-            document = data[: data.index(b"\n...\n") + 5].decode("utf-8", "replace")
-            assert document.startswith("---")
-            yaml.safe_load(document)
-    target.check_alive()
+            documents.append(data[: data.index(b"\n...\n") + 5].decode("utf-8", "replace"))
+    return documents

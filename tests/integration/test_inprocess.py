@@ -173,14 +173,20 @@ async def test_alter_space_checks_existing_tuples_and_renames(running):
     assert "duplicate field name" in err.value.message
 
 
-async def test_the_engine_reports_every_task_state_change(tmp_path, nursery):
-    """The hook later facades publish from (Sonya's task events): put, take, release, ack."""
+async def start_with_queue_space(tmp_path: Path, nursery: trio.Nursery) -> Server:
+    """A server with the shipped configuration's queue space (space 0), wal none."""
     shipped = (Path(__file__).parents[2] / "conf" / "boxqueue.toml").read_text()
     queue_space = shipped[shipped.index("[[space]]") : shipped.index("# The external APIs")]
     cfg = tmp_path / "q.toml"
     cfg.write_text('data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n[wal]\nmode = "none"\n' + queue_space)
     server = Server(load_config(cfg), handle_signals=False)
     await nursery.start(server.run)
+    return server
+
+
+async def test_the_engine_reports_every_task_state_change(tmp_path, nursery):
+    """The hook later facades publish from (Sonya's task events): put, take, release, ack."""
+    server = await start_with_queue_space(tmp_path, nursery)
     seen = []
     server.engine.hooks.append(lambda space, tube, task_id, old, new, raw: seen.append((tube, old, new)))
     from spaces.procedures import CallContext
@@ -202,3 +208,79 @@ async def test_the_engine_reports_every_task_state_change(tmp_path, nursery):
         ("events", "r", "t"), ("events", "t", None),
     ]
     server.stop()
+
+
+async def test_tubes_used_once_are_forgotten_and_their_counters_bounded(tmp_path, nursery, monkeypatch):
+    """A client that names a new tube per job (put, take, ack) or polls tubes that hold nothing
+    must not leave a tube in memory for every name: an empty tube is forgotten, its box.queue
+    counters stay listed by statistics, and the counters of the most recent FORGOTTEN_KEPT
+    forgotten tubes are kept, no more."""
+    import tubes.engine_base
+    from spaces.procedures import CallContext
+
+    monkeypatch.setattr(tubes.engine_base, "FORGOTTEN_KEPT", 50)
+    server = await start_with_queue_space(tmp_path, nursery)
+    engine = server.engine
+    ctx = CallContext(7, server.catalog.access.guest)
+    fn = {name: server.procedures.resolve("box.queue." + name).fn
+          for name in ("put", "take", "ack", "kick", "statistics")}
+    tubes_before = len(engine.tubes)
+    for n in range(120):
+        [task] = await fn["put"](ctx, 0, f"job-{n}", 0, 0, 0, 0, "payload")
+        task_id = msgpack.unpackb(bytes(task))[0]
+        await fn["take"](ctx, 0, f"job-{n}", 0)
+        await fn["ack"](ctx, 0, task_id)
+    with trio.fail_after(5):  # each tube's monitor forgets it once it has nothing left
+        while len(engine.tubes) > tubes_before:
+            await trio.sleep(0.01)
+    for n in range(20):
+        assert await fn["take"](ctx, 0, f"poll-{n}", 0) == []  # nothing there: no task, no tube
+        await fn["kick"](ctx, 0, f"kick-{n}", 5)
+    assert len(engine.tubes) == tubes_before
+    assert len(engine.forgotten) == 50
+    [listed] = fn["statistics"](ctx, 0, "job-119")
+    stats = dict(zip(listed[::2], listed[1::2], strict=True))
+    assert stats["space0.job-119.put"] == 1 and stats["space0.job-119.take"] == 1
+    assert stats["space0.job-119.ack"] == 1 and stats["space0.job-119.tasks.total"] == 0
+    [polled] = fn["statistics"](ctx, 0, "poll-19")
+    assert dict(zip(polled[::2], polled[1::2], strict=True))["space0.poll-19.take_timeout"] == 1
+    assert fn["statistics"](ctx, 0, "job-0") == [[]]  # beyond the bound: the oldest went
+    # A forgotten tube used again takes its counters back.
+    await fn["put"](ctx, 0, "job-119", 0, 0, 0, 0, "again")
+    [again] = fn["statistics"](ctx, 0, "job-119")
+    stats = dict(zip(again[::2], again[1::2], strict=True))
+    assert stats["space0.job-119.put"] == 2 and stats["space0.job-119.tasks.total"] == 1
+    assert engine.tubes[(0, "job-119")].tally[:2] == [2, 1]  # the metrics' puts and takes go on too
+    server.stop()
+
+
+async def test_a_procedures_bug_is_answered_logged_and_counted(running, caplog):
+    """A procedure raising what no procedure means to raise (a KeyError: a bug) still answers its
+    client with ER_PROC_LUA, and the bug is counted and logged with its traceback, at most ten
+    times a minute however often it happens. Arguments past those a procedure names are dropped,
+    as Lua drops them: that is no error at all."""
+    server, port = running
+
+    def buggy(ctx):
+        return {}["missing key"]
+
+    server.procedures.register("test.buggy", buggy)
+    stream = await connect(port)
+    buf = bytearray()
+    for sync in range(30):
+        await stream.send_all(frame({0: 10, 1: sync}, {0x22: "test.buggy", 0x21: [1, 2, 3]}))
+        header, body = await read_response(stream, buf)
+        assert header[0] == 0x8000 | 32 and header[1] == sync
+        assert body[0x31] == "'missing key'"
+    await stream.send_all(frame({0: 10, 1: 99}, {0x22: "box.session.id", 0x21: ["ignored", 2]}))
+    header, body = await read_response(stream, buf)
+    assert header[0] == 0 and isinstance(body[0x30][0], int)
+    await stream.aclose()
+    assert server.observed.stats.unexpected == 30
+    logged = [r for r in caplog.records if r.name == "iproto_server.request_stats"]
+    assert len(logged) == 10
+    assert all(r.exc_info and r.exc_info[0] is KeyError and "test.buggy" in r.getMessage() for r in logged)
+    from metrics.collector import BoxqueueCollector
+
+    [family] = [f for f in BoxqueueCollector(server.observed).collect() if f.name == "boxqueue_unexpected_errors"]
+    assert [(s.labels, s.value) for s in family.samples] == [({"api": "iproto"}, 30.0)]

@@ -196,3 +196,40 @@ def test_a_malformed_packet_between_good_ones():
     assert reqs[1].sync == 2
     assert reqs[2].tuple_raw == unhashable
     assert reqs[2].body[0x21][1].pairs == [([1], "x")]
+
+
+def test_packets_off_the_fast_path_leave_nothing_behind():
+    """Every packet the fast decoder hands to the general path (ID's feature list, a header key it
+    does not read, a map in a tuple, a body that is not a map) must not leave memory behind: a
+    shared exception instance used to grow its traceback by three frames per such packet."""
+    import gc
+    import tracemalloc
+
+    shapes = [
+        frame({0: codec.ID, 1: 7}, {0x54: 3, 0x55: [0, 1, 2, 3]}),
+        frame({0: codec.PING, 1: 8, 0x04: 1}),  # a header key outside the fast path's set
+        frame({0: codec.REPLACE, 1: 9}, {0x10: 512, 0x21: [1, {"a": 1}]}),
+        frame({0: codec.SELECT, 1: 10}, [1, 2]),
+        frame({0: codec.AUTH, 1: 11}, {0x23: "guest", 0x21: ["chap-sha1", b"x" * 20]}),
+    ]
+    data = b"".join(shapes)
+    decoder = codec.RequestDecoder()
+
+    def run(rounds):
+        for _ in range(rounds):
+            decoder.feed(data)
+            while decoder.next_event() is not None:
+                pass
+
+    run(200)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run(20)
+        before = tracemalloc.get_traced_memory()[0]
+        run(4000)  # 20,000 packets off the fast path
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"the decoder kept {grown} bytes after 20,000 packets"

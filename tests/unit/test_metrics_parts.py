@@ -170,3 +170,18 @@ def test_metrics_section(tmp_path: Path):
 def test_shipped_config_serves_metrics_on_loopback():
     shipped = load_config(Path(__file__).resolve().parents[2] / "conf" / "boxqueue.toml")
     assert shipped.metrics is not None and shipped.metrics.listen.host == "127.0.0.1"
+
+
+def test_rate_limit_allows_a_burst_per_window_and_counts_the_rest(monkeypatch):
+    import measures
+
+    clock = [1000.0]
+    monkeypatch.setattr(measures.time, "monotonic", lambda: clock[0])
+    limit = measures.RateLimit(burst=3, window_s=60.0)
+    assert [limit.allow() for _ in range(5)] == [True, True, True, False, False]
+    assert limit.held == 2
+    clock[0] += 59.9
+    assert not limit.allow()
+    clock[0] += 0.2  # a new window
+    assert limit.allow()
+    assert limit.take_held() == 3 and limit.held == 0
