@@ -38,6 +38,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "spaces.fieldtypes",
     "spaces.procedures",
     "spaces.space_procedures",
+    "spaces.write_gate",
     "storage.keys",
     "storage.redo",
     "storage.write_queue",

@@ -5,6 +5,7 @@ from iproto_server.codec cimport BadRequest, Request, RequestDecoder, write_resp
 from iproto_server.session cimport Session
 from spaces.procedures cimport ProcedureEntry, Procedures
 from spaces.space cimport Space
+from spaces.write_gate cimport WriteGate
 
 
 cdef class Dispatcher
@@ -22,6 +23,7 @@ cdef class Dispatcher:
     cdef public object catalog
     cdef public object stats
     cdef public object access
+    cdef public WriteGate writes
     cdef public Procedures procedures
     cdef public object eval_handler
     cdef list _by_type

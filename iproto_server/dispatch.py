@@ -39,7 +39,6 @@ from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.later import Later
 from spaces.msgpack_values import Raw
-from spaces.ownership import write_refused
 from spaces.procedures import ProcedureEntry, Procedures
 from spaces.space import INSERT, REPLACE, Space, StorageError
 from spaces.sysviews import SystemView
@@ -77,7 +76,6 @@ C_ABSENT = cython.declare(cython.longlong, ABSENT)
 
 _NO_KEY: list[Any] = []
 _READ = cython.declare(cython.longlong, acl.READ)
-_WRITE = cython.declare(cython.longlong, acl.WRITE)
 _EXECUTE = cython.declare(cython.longlong, acl.EXECUTE)
 
 
@@ -247,6 +245,7 @@ class Dispatcher:
         self._by_type = self.stats.by_type
         self._spaces = catalog.spaces
         self.access = catalog.access
+        self.writes = catalog.writes
         self.procedures = procedures
         self.eval_handler = eval_handler
 
@@ -416,13 +415,7 @@ class Dispatcher:
                 if space.defn.engine == "sysview":
                     raise BoxError(ER.VIEW_IS_RO, space.name)
                 raise BoxError(ER.UNSUPPORTED, "boxqueue", "writes to system spaces through iproto")
-        if session.read_only:
-            raise BoxError(ER.READONLY)
-        user = session.user
-        if cython.cast(Space, space).owned_by is not None:  # the engine's: spaces.ownership
-            raise write_refused(space, user.name)
-        if user.universe & _WRITE == 0:
-            self.access.check(user, acl.WRITE, acl.SPACE, space.name)
+        self.writes.check_space_write(session.user, space, session.read_only)
         return space
 
     # -- handlers --------------------------------------------------------------------------
@@ -542,8 +535,8 @@ class Dispatcher:
         user = session.user
         if user.universe & _EXECUTE == 0:
             self.access.check(user, acl.EXECUTE, acl.FUNCTION, name)
-        if entry.writes and session.read_only:
-            raise BoxError(ER.READONLY)
+        if entry.writes:
+            self.writes.check_writable(session.read_only)
         if entry.is_async:
             return self._finish(sync, self._run_procedure(entry.invoke(session.context, args), entry.name, call16))
         try:

@@ -21,7 +21,6 @@ from spaces import access as acl
 from spaces import fieldtypes
 from spaces.catalog import Catalog
 from spaces.definitions import parse_format
-from spaces.ownership import check_schema_change
 from spaces.procedures import CallContext, Procedures
 from spaces.space import Space
 
@@ -166,8 +165,8 @@ class Operations:
         if entry is None:
             raise BoxError(ER.NO_SUCH_PROC, name)
         self.catalog.access.check(job.ctx.user, acl.EXECUTE, acl.FUNCTION, name)
-        if entry.writes and job.ctx.read_only:
-            raise BoxError(ER.READONLY)
+        if entry.writes:
+            self.catalog.writes.check_writable(job.ctx.read_only)
         return entry.invoke(job.ctx, args)
 
     def space(self, job: Job, space_id: Any, iid: Any, method: Any, *args: Any) -> Any:
@@ -208,9 +207,7 @@ class Operations:
     # -- DDL ---------------------------------------------------------------------------------
 
     def _ddl(self, job: Job) -> None:
-        if job.ctx.read_only:
-            raise BoxError(ER.READONLY)
-        self.catalog.access.check(job.ctx.user, acl.WRITE, acl.UNIVERSE, "")
+        self.catalog.writes.check_schema_write(job.ctx.user, job.ctx.read_only)
 
     async def create_space(self, job: Job, name: Any = None, opts: Any = None) -> list[Any]:
         self._ddl(job)
@@ -229,13 +226,14 @@ class Operations:
         return [space_info(space)]
 
     def _space(self, job: Job, space_id: Any) -> Space:
-        """The space a DDL statement changes: not one whose definition the engine keeps."""
+        """The space a DDL statement changes, once the statement may change it (not a space
+        whose definition the engine keeps)."""
+        self._ddl(job)
         space = self.catalog.space(space_id)
-        check_schema_change(space, job.ctx.user.name)
+        self.catalog.writes.check_schema_owner(job.ctx.user, space)
         return space
 
     async def create_index(self, job: Job, space_id: Any, name: Any = None, opts: Any = None) -> list[Any]:
-        self._ddl(job)
         space = self._space(job, space_id)
         o = _opts(opts)
         idef, _created = await self.catalog.create_index(
@@ -251,20 +249,18 @@ class Operations:
         return [next(i for i in info["indexes"] if i["id"] == idef.iid)]
 
     async def drop_index(self, job: Job, space_id: Any, iid: Any) -> list[Any]:
-        self._ddl(job)
         await self.catalog.drop_index(self._space(job, space_id), iid)
         return []
 
     async def drop_space(self, job: Job, space_id: Any) -> list[Any]:
-        self._ddl(job)
         await self.catalog.drop_space(self._space(job, space_id))
         return []
 
     async def alter_space(self, job: Job, space_id: Any, changes: Any = None) -> list[Any]:
-        self._ddl(job)
+        space = self._space(job, space_id)
         c = _opts(changes)
         fmt = parse_format(c["format"]) if "format" in c else None
-        await self.catalog.alter_space(self._space(job, space_id), name=c.get("name"), format=fmt)
+        await self.catalog.alter_space(space, name=c.get("name"), format=fmt)
         return []
 
     # -- users -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from spaces.definitions import (
 )
 from spaces.ownership import Ownership
 from spaces.space import Index, Space, decode_tuple
+from spaces.write_gate import WriteGate
 from storage import keys
 from storage.commit import GroupCommitter
 from storage.environment import Storage
@@ -80,6 +81,7 @@ class Catalog:
         self._db = storage.db(CATALOG_DB)
         self.views = sysviews.SystemViews(self)
         self.ownership = Ownership()  # which spaces only the engine may change (spaces.ownership)
+        self.writes = WriteGate(self.access, committer)  # whether a client's write may happen (spaces.write_gate)
 
     # -- loading -----------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from spaces import access as acl
 from spaces import iterators as it
 from spaces.catalog import Catalog
 from spaces.msgpack_values import Raw
-from spaces.ownership import check_writable
 from spaces.procedures import CallContext, ProcedureEntry, make_entry
 from spaces.space import Space
 from spaces.sysviews import SystemView
@@ -55,18 +54,15 @@ def space_method_resolver(catalog: Catalog):
         def call(ctx: CallContext, *args: Any) -> list[Any] | Coroutine[Any, Any, list[Any]]:
             ref: int | str = int(space_ref) if space_ref.isdigit() else space_ref
             space = catalog.lookup(ref)
-            privilege = acl.WRITE if method in _WRITES else acl.READ
             if isinstance(space, SystemView):
                 if method in _WRITES:
                     raise BoxError(ER.VIEW_IS_RO, space.name)
                 if space.defn.engine != "sysview":
                     catalog.access.check(ctx.user, acl.READ, acl.SPACE, space.name)
+            elif method in _WRITES:
+                catalog.writes.check_space_write(ctx.user, space, ctx.read_only)
             else:
-                catalog.access.check(ctx.user, privilege, acl.SPACE, space.name)
-            if method in _WRITES and ctx.read_only:
-                raise BoxError(ER.READONLY)
-            if method in _WRITES:
-                check_writable(space, ctx.user.name)
+                catalog.access.check(ctx.user, acl.READ, acl.SPACE, space.name)
             iid = 0
             if index_ref is not None:
                 iid = int(index_ref) if index_ref.isdigit() else space.index_named(index_ref).iid

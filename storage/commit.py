@@ -83,6 +83,30 @@ class GroupCommitter:
         self.batch_sizes = Histogram(BATCH_BOUNDS)  # writes per commit
         self.commit_seconds = Histogram()  # from a batch's start to its answer (the log's flush included)
 
+    def refuse_writes(self, error: Callable[[], BaseException] | None) -> None:
+        """From now on :meth:`submit` (and so :meth:`write`) raises ``error()`` at once, before
+        anything is queued; None: writes are taken again. A follower of a replica set refuses
+        every write this way, below every caller; its replication applier writes through
+        :meth:`submit_replicated`, which is never refused."""
+        if error is None:
+            self.submit = self._queue.submit
+            return
+
+        def refused(fn: WriteFn, done: Done, *, after_commit: Callable[[Any], None] | None = None,
+                    exclusive: bool = False) -> None:
+            raise error()
+
+        self.submit = refused
+
+    @property
+    def refusing(self) -> bool:
+        return self.submit is not self._queue.submit
+
+    def submit_replicated(self, fn: WriteFn, done: Done, *, exclusive: bool = False) -> None:
+        """Queue a write the replication applier makes (taken even while client writes are
+        refused)."""
+        self._queue.submit(fn, done, exclusive=exclusive)
+
     async def write(
         self,
         fn: WriteFn,

@@ -284,3 +284,47 @@ async def test_a_procedures_bug_is_answered_logged_and_counted(running, caplog):
 
     [family] = [f for f in BoxqueueCollector(server.observed).collect() if f.name == "boxqueue_unexpected_errors"]
     assert [(s.labels, s.value) for s in family.samples] == [({"api": "iproto"}, 30.0)]
+
+
+async def test_a_read_only_instance_refuses_every_write_whichever_way_it_comes(tmp_path, nursery):
+    """The write gate (spaces.write_gate), as replication sets it on a follower: DML, CALL of a
+    writing procedure, box.space methods over CALL and from Lua, DDL from Lua and the engine's
+    own verbs are all ER_READONLY; reads go on; once writable again, writes go through."""
+    server = await start_with_queue_space(tmp_path, nursery)
+    stream = await connect(server.ports.iproto)
+    buf = bytearray()
+
+    async def ask(rtype: int, body: dict) -> tuple[int, dict]:
+        await stream.send_all(frame({0: rtype, 1: 1}, body))
+        header, answer = await read_response(stream, buf)
+        return header[0], answer
+
+    def tube_task(name: str) -> list:
+        return [0, name, 0, 0, 0, 0, "data"]
+
+    assert (await ask(10, {0x22: "box.queue.put", 0x21: tube_task("before")}))[0] == 0
+    server.catalog.writes.set_read_only("a follower")
+    refused = 0x8000 | 7  # ER_READONLY
+    writes = [
+        (3, {0x10: 0, 0x21: ["x" * 32, "t", "r", 0, 0, 0, 0, 0, 0, 0, 0, 0]}),  # REPLACE
+        (10, {0x22: "box.queue.put", 0x21: tube_task("during")}),
+        (10, {0x22: "box.queue.take", 0x21: [0, "before", 0]}),
+        (10, {0x22: "box.space._schema:replace", 0x21: [["x"]]}),
+        (8, {0x27: "return box.queue.put(0, 'during', 0, 0, 0, 0, 'data')", 0x21: []}),
+        (8, {0x27: "return box.schema.space.create('during')", 0x21: []}),
+    ]
+    for rtype, body in writes:
+        code, answer = await ask(rtype, body)
+        assert code in (refused, 0x8000 | 113), (rtype, body, answer)  # 113: a view is read-only
+    assert (await ask(10, {0x22: "box.queue.put", 0x21: tube_task("during")}))[1][0x31] == \
+        "Can't modify data on a read-only instance"
+    with pytest.raises(Exception, match="read-only"):  # the engine itself, as a facade calls it
+        await server.engine.put(0, "engine", delay=0, ttl=None, ttr=None, pri=0, data=["x"])
+    code, answer = await ask(1, {0x10: 0, 0x11: 0, 0x12: 10, 0x20: []})  # SELECT still served
+    assert code == 0 and len(answer[0x30]) == 1
+    assert (await ask(10, {0x22: "box.queue.statistics", 0x21: [0]}))[0] == 0
+    server.catalog.writes.set_read_only(None)
+    assert (await ask(10, {0x22: "box.queue.put", 0x21: tube_task("after")}))[0] == 0
+    await server.engine.put(0, "engine", delay=0, ttl=None, ttr=None, pri=0, data=["x"])
+    await stream.aclose()
+    server.stop()
