@@ -40,6 +40,7 @@ from boxqueue.config_types import (
     Config,
     ConfigError,
     DeckardConfig,
+    EtcdConfig,
     FieldConfig,
     Grant,
     IndexConfig,
@@ -48,6 +49,8 @@ from boxqueue.config_types import (
     LuaConfig,
     MetricsConfig,
     PartConfig,
+    PeerConfig,
+    ReplicationConfig,
     SonyaConfig,
     SpaceConfig,
     TlsConfig,
@@ -64,7 +67,7 @@ _MISSING: Any = object()
 
 _TOP = frozenset(
     {"data_dir", "tarantool_cfg", "iproto", "wal", "guest", "users", "space",
-     "deckard", "zaqar", "sonya", "lua", "metrics"}
+     "deckard", "zaqar", "sonya", "lua", "metrics", "replication"}
 )
 _IPROTO = frozenset(
     {"listen", "read_only_listen", "admin_listen", "max_packet_bytes",
@@ -153,6 +156,9 @@ class TomlReader:
             lua=self.lua(root),
             metrics=self.metrics(root),
         )
+        replication = self.replication(root, config)
+        if replication is not None:
+            config = replace(config, replication=replication)
         self.check_listeners(config)
         return config
 
@@ -533,6 +539,69 @@ class TomlReader:
             listen=self.address(t, path, "listen", DEFAULT_METRICS_LISTEN),
             public=self.boolean(t, path, "public", False),
             **self.http_listener(t, path),
+        )
+
+    # -- replication ---------------------------------------------------------------------------
+
+    def replication(self, root: dict[str, Any], config: Config) -> ReplicationConfig | None:
+        if "replication" not in root:
+            return None
+        path: Key = ("replication",)
+        t = self.table(root["replication"], path, {"name", "peers", "user", "password", "synchro_quorum",
+                                                   "synchro_timeout_s", "heartbeat_s", "etcd"})
+        name = self.name(t, path, "name")
+        peers: list[PeerConfig] = []
+        for ppath, pt in self.tables(t, path, "peers", frozenset({"name", "uri"})):
+            peer_name = self.name(pt, ppath, "name")
+            if any(p.name == peer_name for p in peers):
+                raise self.fail(ppath + ("name",), f"duplicate peer name {show(peer_name)}")
+            uri = self.address(pt, ppath, "uri", None)
+            if uri is None:
+                raise self.fail(ppath, f"missing key 'uri' in {dotted(ppath)}")
+            peers.append(PeerConfig(peer_name, uri))
+        if len(peers) > 31:
+            raise self.fail(path + ("peers",), "a replica set has at most 31 peers")
+        me = next((p for p in peers if p.name == name), None)
+        if me is None:
+            raise self.fail(path + ("name",), f"replication.name {show(name)} is not one of replication.peers")
+        listen = config.iproto.listen
+        wildcard = listen is not None and listen.host in ("0.0.0.0", "::")
+        if me.uri != listen and not (wildcard and listen is not None and me.uri.port == listen.port):
+            raise self.fail(path + ("peers",), f"this instance's uri ({me.uri}) is not its [iproto] listen "
+                            f"address ({config.iproto.listen})")
+        user = self.string(t, path, "user", None)
+        password = self.string(t, path, "password", None)
+        if user is not None:
+            if user != "admin" and all(u.name != user for u in config.users):
+                raise self.fail(path + ("user",), f"replication.user {show(user)} is not one of [[users]]")
+            if password is None:
+                raise self.fail(path, "replication.user needs replication.password")
+        quorum = self.integer(t, path, "synchro_quorum", len(peers) // 2 + 1, minimum=1)
+        if quorum > len(peers):
+            raise self.fail(path + ("synchro_quorum",), f"replication.synchro_quorum {quorum} is more than the "
+                            f"{len(peers)} peers")
+        if config.wal.mode != "fsync":
+            raise self.fail(path, 'a replica set replicates the write-ahead log: [wal] mode must be "fsync"')
+        etcd = EtcdConfig()
+        if "etcd" in t:
+            epath = path + ("etcd",)
+            et = self.table(t["etcd"], epath, {"endpoints", "prefix", "lease_ttl_s"})
+            endpoints = tuple(self.strings(et, epath, "endpoints", list(etcd.endpoints)))
+            if not endpoints:
+                raise self.fail(epath + ("endpoints",), "replication.etcd.endpoints is empty")
+            prefix = self.string(et, epath, "prefix", etcd.prefix)
+            if not prefix.startswith("/") or prefix.endswith("/"):
+                raise self.fail(epath + ("prefix",), "replication.etcd.prefix must start with '/' and not end with it")
+            etcd = EtcdConfig(endpoints, prefix, self.integer(et, epath, "lease_ttl_s", etcd.lease_ttl_s, minimum=2))
+        return ReplicationConfig(
+            name=name,
+            peers=tuple(peers),
+            synchro_quorum=quorum,
+            synchro_timeout_s=self.number(t, path, "synchro_timeout_s", 5.0, minimum=0.01),
+            heartbeat_s=self.number(t, path, "heartbeat_s", 1.0, minimum=0.01),
+            user=user,
+            password=password,
+            etcd=etcd,
         )
 
     # -- typed getters -----------------------------------------------------------------------

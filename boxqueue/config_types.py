@@ -187,6 +187,46 @@ class LuaConfig:
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """A member of the replica set: its name and its ``[iproto] listen`` address."""
+
+    name: str
+    uri: Address
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """``[replication.etcd]``: where the leader's key and lease live."""
+
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    prefix: str = "/boxqueue/main"
+    lease_ttl_s: int = 3
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """``[replication]``: this instance's place in a replica set (absent: it runs alone)."""
+
+    name: str
+    peers: tuple[PeerConfig, ...]  # every member, this one included, in the file's order
+    synchro_quorum: int  # instances that must hold a write before it is acknowledged, the leader included
+    synchro_timeout_s: float = 5.0
+    heartbeat_s: float = 1.0
+    user: str | None = None  # the peers authenticate as this [[users]] entry (None: guest)
+    password: str | None = None
+    etcd: EtcdConfig = EtcdConfig()
+
+    @property
+    def peer(self) -> PeerConfig:
+        """This instance's entry."""
+        return next(p for p in self.peers if p.name == self.name)
+
+    def replica_id(self, name: str) -> int:
+        """A member's replica id: its place in ``peers``, from 1 (as Tarantool numbers them)."""
+        return next(i for i, p in enumerate(self.peers, 1) if p.name == name)
+
+
+@dataclass(frozen=True)
 class Config:
     source: Path  # the file given, as given
     data_dir: Path  # absolute
@@ -201,6 +241,7 @@ class Config:
     sonya: SonyaConfig | None
     lua: LuaConfig = LuaConfig()
     metrics: MetricsConfig | None = None  # None: no metrics listener
+    replication: ReplicationConfig | None = None  # None: a single node
 
 
 DEFAULT_LISTEN = Address("127.0.0.1", 3301)

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import lmdb
 import trio
 
 from measures import BATCH_BOUNDS, Histogram
+from storage import redo
 from storage.environment import Storage, StorageError
-from storage.redo import RedoTxn
+from storage.redo import RedoTxn, UndoRedoTxn
 from storage.wal import encode_record
 from storage.write_queue import Done, Write, WriteQueue
 
@@ -72,7 +73,7 @@ class GroupCommitter:
         # Held from a group's append until it is flushed and answered, or by a checkpoint's
         # switch of segments (a semaphore: the flusher task releases what the committer took).
         self._log_free = trio.Semaphore(1)
-        self._flushing: tuple[lmdb.Transaction, bytes, int, list[Write], trio.Event, float] | None = None
+        self._flushing: tuple[Any, ...] | None = None  # the group handed to the flusher
         self._flush_wanted = trio.Event()
         self._checkpoint_due = trio.Event()
         self._checkpointed_lsn = storage.lsn
@@ -82,6 +83,18 @@ class GroupCommitter:
         self.checkpoints = 0
         self.batch_sizes = Histogram(BATCH_BOUNDS)  # writes per commit
         self.commit_seconds = Histogram()  # from a batch's start to its answer (the log's flush included)
+        # -- replication (the ``replication`` room sets these) --
+        # Called on the event loop with (lsn, term, payload) of each logged record once LMDB has
+        # it (before its flush): what a leader streams to its followers.
+        self.feed: Callable[[int, int, bytes], None] | None = None
+        # A leader waiting for a quorum: told of each of its own groups once durable here
+        # (``durable(lsn)``); it answers with :meth:`confirm` or :meth:`roll_back`. Groups wait
+        # in ``_awaiting`` meanwhile, with what undoes them.
+        self.quorum: Any = None
+        self._awaiting: deque[tuple[int, list[Write], float, list[Any]]] = deque()
+        self._rollback: Callable[[bool], BaseException] | None = None
+        # The lowest LSN the log must keep for followers that are behind (None: no need).
+        self.keep_from: Callable[[], int | None] | None = None
 
     def refuse_writes(self, error: Callable[[], BaseException] | None) -> None:
         """From now on :meth:`submit` (and so :meth:`write`) raises ``error()`` at once, before
@@ -102,10 +115,49 @@ class GroupCommitter:
     def refusing(self) -> bool:
         return self.submit is not self._queue.submit
 
-    def submit_replicated(self, fn: WriteFn, done: Done, *, exclusive: bool = False) -> None:
-        """Queue a write the replication applier makes (taken even while client writes are
-        refused)."""
-        self._queue.submit(fn, done, exclusive=exclusive)
+    def submit_replicated(self, lsn: int, term: int, payload: bytes, done: Done) -> None:
+        """Queue a record received from the leader: applied and logged alone, as record ``lsn`` of
+        ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable."""
+        ops = redo.decode(payload)
+
+        def apply(txn: RedoTxn) -> None:
+            redo.replay(txn, ops, self._storage.open_logged)
+
+        self._queue.submit_special(apply, done, lsn, term, False)
+
+    def submit_local(self, fn: WriteFn, done: Done) -> None:
+        """Queue a write of this node's own metadata (not replicated, not in the log): committed
+        alone and LMDB flushed before ``done``; taken even while client writes are refused."""
+        self._queue.submit_special(fn, done, 0, 0, True)
+
+    # -- a leader's quorum -------------------------------------------------------------------
+
+    def confirm(self, lsn: int) -> None:
+        """A quorum holds every group up to ``lsn``: answer them."""
+        awaiting = self._awaiting
+        while awaiting and awaiting[0][0] <= lsn:
+            _lsn, batch, started, _undo = awaiting.popleft()
+            self._finish(batch, started)
+
+    @property
+    def awaiting(self) -> int:
+        """Groups committed here that wait for a quorum."""
+        return len(self._awaiting)
+
+    def oldest_awaiting(self) -> int | None:
+        return self._awaiting[0][0] if self._awaiting else None
+
+    def roll_back(self, error: Callable[[bool], BaseException]) -> None:
+        """No quorum confirmed the waiting groups in time (or this node stopped leading): take
+        them all back with one record of their undo operations, and fail their writes with
+        ``error(first)`` (``first``: the writes of the oldest group). Done by the commit loop
+        before its next group."""
+        if self._awaiting and self._rollback is None:
+            self._rollback = error
+            wakeup = self._queue.wakeup
+            if wakeup is not None:
+                self._queue.wakeup = None
+                wakeup.set()
 
     async def write(
         self,
@@ -158,9 +210,13 @@ class GroupCommitter:
         queue = self._queue
         try:
             while True:
+                if self._rollback is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._roll_back()
                 if not queue.pending:
                     wakeup = queue.wakeup = trio.Event()
                     await wakeup.wait()
+                    continue
                 batch = queue.next_batch(self._max_batch)
                 with trio.CancelScope(shield=True):
                     await self._commit(batch)
@@ -180,14 +236,17 @@ class GroupCommitter:
         try:
             if self._broken is not None:
                 raise self._broken
-            txn = self._apply(batch)
-            if txn is None:
-                await self._one_by_one(batch)
-            elif type(txn) is RedoTxn:
-                if await self._log_group(txn, batch, started):
-                    return
+            first = batch[0]
+            if first.local:
+                await self._commit_local(first)
             else:
-                _commit_unlogged(txn)
+                txn = self._apply(batch)
+                if txn is None:
+                    batch = await self._one_by_one(batch, started)
+                elif type(txn) is not RedoTxn and type(txn) is not UndoRedoTxn:
+                    _commit_unlogged(txn)
+                elif await self._log_group(txn, batch, started, forced=first.lsn, forced_term=first.term):
+                    return
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
             for item in batch:
                 if item.error is None:
@@ -204,9 +263,25 @@ class GroupCommitter:
         self._queue.finish(batch)
 
     def _begin(self) -> Any:
-        """A write transaction: a redo-noting one when there is a log."""
+        """A write transaction: a redo-noting one when there is a log, which also keeps what
+        undoes it while a quorum must confirm it."""
         txn = self._storage.env.begin(write=True)
-        return txn if self._log is None else RedoTxn(txn, self._names)
+        if self._log is None:
+            return txn
+        return RedoTxn(txn, self._names) if self.quorum is None else UndoRedoTxn(txn, self._names)
+
+    async def _commit_local(self, item: Write) -> None:
+        """This node's own metadata: unlogged, committed and flushed alone."""
+        txn = self._storage.env.begin(write=True)
+        try:
+            item.result = item.fn(txn)
+        except BaseException as exc:
+            txn.abort()
+            item.error = _as_storage_error(exc)
+            return
+        async with self._log_free if self._log is not None else _nothing():
+            _commit_unlogged(txn)
+            await trio.to_thread.run_sync(self._storage.sync)
 
     def _apply(self, batch: list[Write]) -> Any:
         """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
@@ -228,18 +303,27 @@ class GroupCommitter:
     # ``_log_free`` too.
 
     async def _log_group(
-        self, txn: RedoTxn, batch: list[Write], started: float = 0.0, *, alone: bool = False
+        self, txn: RedoTxn, batch: list[Write], started: float = 0.0, *, alone: bool = False,
+        forced: int = 0, forced_term: int = 0,
     ) -> bool:
         """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
-        flusher answers it. ``alone``: append, commit and flush here, and let the caller answer."""
+        flusher answers it. ``alone``: append, commit and flush here, and let the caller answer.
+        ``forced``: a record received from the leader, which keeps its LSN and term."""
         raw = txn.txn
-        if not txn.ops:  # nothing changed: nothing to log. What the writes read must be durable.
+        if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
             async with self._log_free:
                 _commit_unlogged(raw)
             return False
         lsn = self._storage.lsn + 1
+        term = self._storage.term
+        if forced:
+            if forced != lsn:
+                raw.abort()
+                raise StorageError(f"replicated record {forced} does not follow this log's last record {lsn - 1}")
+            term = forced_term
         self._storage.note_lsn(raw, lsn)
-        record = encode_record(lsn, txn.encode())
+        payload = txn.encode()
+        record = encode_record(lsn, payload, term)
         await self._log_free.acquire()
         if self._broken is not None:
             self._log_free.release()
@@ -250,12 +334,21 @@ class GroupCommitter:
                 await trio.to_thread.run_sync(self._write_group, raw, record, lsn, None)
             finally:
                 self._log_free.release()
+            self._fed(lsn, term, payload)
             return False
         committed = trio.Event()
-        self._flushing = (raw, record, lsn, batch, committed, started)
+        undo = txn.undo_ops() if type(txn) is UndoRedoTxn and not forced else None
+        self._flushing = (raw, record, lsn, batch, committed, started, term, payload, undo)
         self._flush_wanted.set()
         await committed.wait()
         return True
+
+    def _fed(self, lsn: int, term: int, payload: bytes) -> None:
+        if self.feed is not None:
+            try:
+                self.feed(lsn, term, payload)
+            except Exception:
+                log.exception("the replication feed failed on record %d", lsn)
 
     def _write_group(
         self, raw: lmdb.Transaction, record: bytes, lsn: int, committed: Callable[[], None] | None
@@ -301,17 +394,29 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed, started = group
+                raw, record, lsn, batch, committed, started, term, payload, undo = group
+
+                def in_lmdb(committed: trio.Event = committed, lsn: int = lsn, term: int = term,
+                            payload: bytes = payload) -> None:
+                    committed.set()
+                    self._fed(lsn, term, payload)  # followers get it while it is flushed here
+
+                failed = False
                 try:
                     await trio.to_thread.run_sync(
-                        self._write_group, raw, record, lsn, partial(token.run_sync_soon, committed.set)
+                        self._write_group, raw, record, lsn, lambda: token.run_sync_soon(in_lmdb)
                     )
                 except BaseException as exc:
+                    failed = True
                     for item in batch:
                         if item.error is None:
                             item.error = _as_storage_error(exc)
                 committed.set()  # (already, unless the group failed before LMDB had it)
-                self._finish(batch, started)
+                if undo is not None and not failed and self.quorum is not None:
+                    self._awaiting.append((lsn, batch, started, undo))
+                    self.quorum.durable(lsn)
+                else:
+                    self._finish(batch, started)
                 self._log_free.release()
                 if self._log.size >= self._storage.checkpoint_bytes:
                     self._checkpoint_due.set()
@@ -320,7 +425,10 @@ class GroupCommitter:
         self._flushing = None
         self._flush_wanted.set()
 
-    async def _one_by_one(self, batch: list[Write]) -> None:
+    async def _one_by_one(self, batch: list[Write], started: float) -> list[Write]:
+        """Each write of a batch that failed half-way in a group of its own; returns the writes
+        to answer now (a leader's logged ones wait for its quorum instead)."""
+        answer_now = []
         for item in batch:
             item.result = item.error = None
             txn = self._begin()
@@ -329,18 +437,57 @@ class GroupCommitter:
             except self._rejections as exc:
                 item.error = exc
                 _abort(txn)
+                answer_now.append(item)
                 continue
             except Exception as exc:
                 item.error = _as_storage_error(exc)
                 _abort(txn)
+                answer_now.append(item)
                 continue
             try:
-                if type(txn) is RedoTxn:
+                if type(txn) is RedoTxn or type(txn) is UndoRedoTxn:
+                    before = self._storage.lsn
                     await self._log_group(txn, [item], alone=True)
+                    if type(txn) is UndoRedoTxn and self.quorum is not None and self._storage.lsn > before:
+                        self._awaiting.append((self._storage.lsn, [item], started, txn.undo_ops()))
+                        self.quorum.durable(self._storage.lsn)
+                        continue
                 else:
                     _commit_unlogged(txn)
             except StorageError as exc:
                 item.error = exc
+            answer_now.append(item)
+        return answer_now
+
+    async def _roll_back(self) -> None:
+        """See :meth:`roll_back`: one record of the waiting groups' undo operations (last group
+        first), then their writes fail, last first, so that each writer's own undo (the engine
+        puts its memory back) sees the state its write left."""
+        error = self._rollback
+        self._rollback = None
+        async with self._log_free:  # the group being flushed, if any, is awaiting once this returns
+            pass
+        awaiting = list(self._awaiting)
+        self._awaiting.clear()
+        if not awaiting or error is None:
+            return
+        txn = RedoTxn(self._storage.env.begin(write=True), self._names)
+        try:
+            for _lsn, _batch, _started, undo in reversed(awaiting):
+                redo.replay(txn, undo, self._storage.open_logged, self._storage.forget_db)
+            await self._log_group(txn, [], alone=True)
+        except BaseException as exc:
+            _abort(txn)
+            self._broken = StorageError(f"the groups no quorum confirmed could not be taken back ({exc}); "
+                                        "restart the server")
+            log.error("%s", self._broken)
+        log.warning("took back %d groups (LSN %d to %d) that no quorum confirmed", len(awaiting),
+                    awaiting[0][0], awaiting[-1][0])
+        for index, (_lsn, batch, started, _undo) in enumerate(reversed(awaiting)):
+            failure = error(index == len(awaiting) - 1)
+            for item in batch:
+                item.error = failure
+            self._finish(list(reversed(batch)), started)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -369,10 +516,21 @@ class GroupCommitter:
             target = self._storage.lsn
             await trio.to_thread.run_sync(wal.rotate, target + 1)
         await trio.to_thread.run_sync(self._storage.sync)
+        keep = self.keep_from() if self.keep_from is not None else None
         async with self._log_free:
-            await trio.to_thread.run_sync(wal.discard_through, target)
+            await trio.to_thread.run_sync(wal.discard_through, target if keep is None else min(target, keep - 1))
         self._checkpointed_lsn = target
         self.checkpoints += 1
+
+
+class _nothing:
+    """An async context manager that does nothing (no log to hold)."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 def _commit_unlogged(txn: lmdb.Transaction) -> None:

@@ -108,6 +108,7 @@ class Storage:
         self._reader: lmdb.Transaction | None = None
         self.generation = 0  # bumped by every commit
         self.log: WriteAheadLog | None = None
+        self.term = 0  # the replica set's term this node's own records are written in (0: alone)
         try:
             self._wal_db = self.db(_WAL_DB)
             with self.env.begin() as txn:
@@ -137,7 +138,7 @@ class Storage:
         replayed = 0
         txn: lmdb.Transaction | None = None
         try:
-            for lsn, payload in reader.records():
+            for lsn, _term, payload in reader.records():
                 if txn is None:
                     txn = self.env.begin(write=True)
                 redo.replay(txn, redo.decode(payload), self._open_for_replay)
@@ -179,7 +180,7 @@ class Storage:
         """
         handle = self._dbs.get(name)
         if handle is None:
-            if type(txn) is redo.RedoTxn:
+            if isinstance(txn, redo.RedoTxn):
                 handle = self.env.open_db(name, txn=txn.txn, create=create)
                 if create:
                     txn.created(name)
@@ -188,6 +189,19 @@ class Storage:
             self._dbs[name] = handle
             self.names[handle] = name
         return handle
+
+    def open_logged(self, name: bytes | None, txn: Any, create: bool) -> Any:
+        """A database's handle for replaying records into ``txn`` (a :class:`storage.redo.RedoTxn`,
+        whose log names it): None when ``create`` is false and it does not exist."""
+        if name is None:
+            return None
+        if not create and name not in self._dbs:
+            raw = txn.txn if isinstance(txn, redo.RedoTxn) else txn
+            try:
+                self.env.open_db(name, txn=raw, create=False)
+            except lmdb.NotFoundError:
+                return None
+        return self.db(name, txn=txn, create=create)
 
     def forget_db(self, name: bytes) -> None:
         handle = self._dbs.pop(name, None)

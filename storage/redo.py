@@ -147,15 +147,93 @@ class RedoTxn:
             return msgpack.packb(self.ops, use_bin_type=True)
 
 
+class UndoRedoTxn(RedoTxn):
+    """A :class:`RedoTxn` that also keeps what each change replaced, so that its group can be
+    undone after it was committed: a write a synchronous replica set could not confirm in time is
+    taken back by a later record (:meth:`undo_ops`), not by rewriting the log. Each change costs
+    one more lookup (the value it replaces), so only a leader waiting for a quorum uses it."""
+
+    __slots__ = ("undo",)
+
+    def __init__(self, txn: lmdb.Transaction, names: dict[Any, bytes | None]) -> None:
+        super().__init__(txn, names)
+        self.undo: list[Any] = []
+
+    def _before(self, name: bytes | None, key: bytes, old: bytes | None) -> None:
+        self.undo += (DELETE, name, key, None) if old is None else (PUT, name, key, old)
+
+    def put(
+        self,
+        key: bytes,
+        value: bytes,
+        dupdata: bool = True,
+        overwrite: bool = True,
+        append: bool = False,
+        db: Any = None,
+    ) -> bool:
+        name = self._name(db)
+        old = self.txn.get(key, None, db)
+        if self.txn.put(key, value, dupdata, overwrite, append, db):
+            self.ops += (PUT, name, key, value)
+            self._before(name, key, old)
+            return True
+        return False
+
+    def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
+        name = self._name(db)
+        old = self.txn.replace(key, value, db)
+        self.ops += (PUT, name, key, value)
+        self._before(name, key, old)
+        return old
+
+    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
+        name = self._name(db)
+        old = self.txn.get(key, None, db)
+        if self.txn.delete(key, value, db):
+            self.ops += (DELETE, name, key, None)
+            self._before(name, key, old)
+            return True
+        return False
+
+    def pop(self, key: bytes, db: Any = None) -> bytes | None:
+        name = self._name(db)
+        old = self.txn.pop(key, db)
+        if old is not None:
+            self.ops += (DELETE, name, key, None)
+            self._before(name, key, old)
+        return old
+
+    def drop(self, db: Any, delete: bool = True) -> None:
+        name = self._name(db)
+        with self.txn.cursor(db) as cursor:
+            entries = list(cursor)
+        self.txn.drop(db, delete)
+        self.ops += (DROP, name, bool(delete), None)
+        for key, value in reversed(entries):  # undone in reverse: CREATE, then the entries back
+            self.undo += (PUT, name, key, value)
+        if delete:
+            self.undo += (CREATE, name, None, None)
+
+    def created(self, name: bytes) -> None:
+        super().created(name)
+        self.undo += (DROP, name, True, None)
+
+    def undo_ops(self) -> list[Op]:
+        """What puts the group's changes back, in the order to apply it (last change first)."""
+        undo = self.undo
+        return [tuple(undo[i : i + 4]) for i in range(len(undo) - 4, -1, -4)]
+
+
 class RedoCursor:
     """A cursor of a :class:`RedoTxn`: reads go straight through, writes are noted."""
 
-    __slots__ = ("_cursor", "_redo", "_name")
+    __slots__ = ("_cursor", "_redo", "_name", "_db")
 
     def __init__(self, cursor: lmdb.Cursor, redo: RedoTxn, db: Any) -> None:
         self._cursor = cursor
         self._redo = redo
         self._name = redo._name(db)
+        self._db = db
 
     def __getattr__(self, attr: str) -> Any:
         if attr in ("putmulti", "replace", "pop"):
@@ -172,15 +250,22 @@ class RedoCursor:
         self._cursor.close()
 
     def put(self, key: bytes, value: bytes, dupdata: bool = True, overwrite: bool = True, append: bool = False) -> bool:
+        redo = self._redo
+        old = redo.txn.get(key, None, self._db) if type(redo) is UndoRedoTxn else None
         if self._cursor.put(key, value, dupdata, overwrite, append):
-            self._redo.ops += (PUT, self._name, key, value)
+            redo.ops += (PUT, self._name, key, value)
+            if type(redo) is UndoRedoTxn:
+                redo._before(self._name, key, old)
             return True
         return False
 
     def delete(self, dupdata: bool = False) -> bool:
         key = self._cursor.key()
+        old = self._cursor.value()
         if self._cursor.delete(dupdata):
             self._redo.ops += (DELETE, self._name, key, None)
+            if type(self._redo) is UndoRedoTxn:
+                self._redo._before(self._name, key, old)
             return True
         return False
 
@@ -196,10 +281,11 @@ def decode(payload: bytes) -> list[Op]:
 OpenDb = Callable[[bytes | None, lmdb.Transaction, bool], Any]
 
 
-def replay(txn: lmdb.Transaction, ops: list[Op], open_db: OpenDb) -> None:
-    """Apply ``ops`` in ``txn``. ``open_db(name, txn, create)`` gives the handle of a named
-    database (``None`` when ``create`` is false and it does not exist); ``name`` ``None`` is the
-    main database."""
+def replay(txn: Any, ops: list[Op], open_db: OpenDb, forget: Callable[[bytes], None] | None = None) -> None:
+    """Apply ``ops`` in ``txn`` (a transaction, or a :class:`RedoTxn` to log them again).
+    ``open_db(name, txn, create)`` gives the handle of a named database (``None`` when ``create``
+    is false and it does not exist); ``name`` ``None`` is the main database. ``forget(name)`` is
+    told of each database a DROP removes (its handle is no longer valid)."""
     handles: dict[bytes | None, Any] = {}
 
     def handle(name: bytes | None, create: bool = True) -> Any:
@@ -222,6 +308,8 @@ def replay(txn: lmdb.Transaction, ops: list[Op], open_db: OpenDb) -> None:
                 txn.drop(db, delete=op[2])
                 if op[2]:
                     handles.pop(op[1], None)
+                    if forget is not None:
+                        forget(op[1])
         elif code == CREATE:
             handle(op[1])
         else:

@@ -14,9 +14,14 @@ bytes  type    meaning
 4      bytes   :data:`RECORD_MAGIC`
 4      u32 le  payload length
 8      u64 le  LSN (log sequence number: one per group, consecutive)
-4      u32 le  CRC-32 (zlib) of the 16 bytes above and the payload
+8      u64 le  term: the replica set's leadership term the record was written in
+               (0 on a single node)
+4      u32 le  CRC-32 (zlib) of the 24 bytes above and the payload
 n      bytes   payload: the group's redo operations (:mod:`storage.redo`)
 ====== ======= ===============================================================
+
+Records written before the term was added (:data:`RECORD_MAGIC_V1`: no term field, a 16-byte
+prefix) are still read, as term 0.
 
 Reading (:class:`LogReader`) stops at the first record that is short, has a bad magic, length
 or checksum. If no valid record follows it anywhere in the log, it is the torn tail of an append
@@ -39,12 +44,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 FILE_MAGIC = b"BQWAL\x00\x00\x01"
-RECORD_MAGIC = b"BQr\x01"
-_PREFIX = struct.Struct("<4sIQ")  # magic, payload length, lsn: what the CRC covers first
+RECORD_MAGIC = b"BQr\x02"
+RECORD_MAGIC_V1 = b"BQr\x01"
+_PREFIX = struct.Struct("<4sIQQ")  # magic, payload length, lsn, term: what the CRC covers first
+_PREFIX_V1 = struct.Struct("<4sIQ")  # magic, payload length, lsn
+_MAGIC_HEAD = RECORD_MAGIC[:3]  # both versions begin with it
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _PREFIX.size + _CRC.size
+HEADER_SIZE_V1 = _PREFIX_V1.size + _CRC.size
 MAX_PAYLOAD = 1 << 30
 SUFFIX = ".wal"
+
+Entry = tuple[int, int, memoryview]  # (LSN, term, payload) of one record
 
 
 class WalError(Exception):
@@ -55,9 +66,9 @@ class WalCorruption(WalError):
     """The log is damaged where acknowledged writes live: replay would lose or invent data."""
 
 
-def encode_record(lsn: int, payload: bytes) -> bytes:
+def encode_record(lsn: int, payload: bytes, term: int = 0) -> bytes:
     """One framed record."""
-    prefix = _PREFIX.pack(RECORD_MAGIC, len(payload), lsn)
+    prefix = _PREFIX.pack(RECORD_MAGIC, len(payload), lsn, term)
     return prefix + _CRC.pack(zlib.crc32(payload, zlib.crc32(prefix))) + payload
 
 
@@ -78,19 +89,23 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
     return found
 
 
-def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[tuple[int, memoryview]], int, str | None]:
-    """The valid records of ``data`` from ``offset`` on, as (LSN, payload); the offset where they
-    end; and, if that is not the end of ``data``, what is wrong there."""
+def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[Entry], int, str | None]:
+    """The valid records of ``data`` from ``offset`` on, as (LSN, term, payload); the offset where
+    they end; and, if that is not the end of ``data``, what is wrong there."""
     view = memoryview(data)
     size = len(view)
-    records: list[tuple[int, memoryview]] = []
+    records: list[Entry] = []
     while offset < size:
         problem = _check_record(view, offset)
         if problem is not None:
             return records, offset, problem
-        _magic, length, lsn = _PREFIX.unpack_from(view, offset)
-        start = offset + HEADER_SIZE
-        records.append((lsn, view[start : start + length]))
+        if view[offset : offset + 4] == RECORD_MAGIC:
+            _magic, length, lsn, term = _PREFIX.unpack_from(view, offset)
+            start = offset + HEADER_SIZE
+        else:
+            _magic, length, lsn = _PREFIX_V1.unpack_from(view, offset)
+            term, start = 0, offset + HEADER_SIZE_V1
+        records.append((lsn, term, view[start : start + length]))
         offset = start + length
     return records, offset, None
 
@@ -98,18 +113,25 @@ def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[tuple[int
 def _check_record(view: memoryview, offset: int) -> str | None:
     """Why the record at ``offset`` is not a valid one, or None."""
     size = len(view)
-    if size - offset < HEADER_SIZE:
+    if size - offset < 4:
         return f"{size - offset} bytes, less than a record header"
-    magic, length, _lsn = _PREFIX.unpack_from(view, offset)
-    if magic != RECORD_MAGIC:
+    magic = bytes(view[offset : offset + 4])
+    if magic == RECORD_MAGIC:
+        prefix, header = _PREFIX, HEADER_SIZE
+    elif magic == RECORD_MAGIC_V1:
+        prefix, header = _PREFIX_V1, HEADER_SIZE_V1
+    else:
         return "no record magic"
+    if size - offset < header:
+        return f"{size - offset} bytes, less than a record header"
+    length = prefix.unpack_from(view, offset)[1]
     if length > MAX_PAYLOAD:
         return f"implausible record length {length}"
-    start = offset + HEADER_SIZE
+    start = offset + header
     if start + length > size:
         return f"record of {length} bytes cut short at {size - start}"
-    (crc,) = _CRC.unpack_from(view, offset + _PREFIX.size)
-    if zlib.crc32(view[start : start + length], zlib.crc32(view[offset : offset + _PREFIX.size])) != crc:
+    (crc,) = _CRC.unpack_from(view, offset + prefix.size)
+    if zlib.crc32(view[start : start + length], zlib.crc32(view[offset : offset + prefix.size])) != crc:
         return "checksum mismatch"
     return None
 
@@ -117,18 +139,18 @@ def _check_record(view: memoryview, offset: int) -> str | None:
 def first_valid_record(data: bytes, offset: int) -> int | None:
     """The offset of the first valid record at or after ``offset`` (searching by magic), or None."""
     view = memoryview(data)
-    at = data.find(RECORD_MAGIC, offset)
+    at = data.find(_MAGIC_HEAD, offset)
     while at != -1:
         if _check_record(view, at) is None:
             return at
-        at = data.find(RECORD_MAGIC, at + 1)
+        at = data.find(_MAGIC_HEAD, at + 1)
     return None
 
 
 class LogReader:
     """Reads every segment of a log directory in LSN order (see the module docstring).
 
-    Iterate :meth:`records` for (LSN, payload) of each record after ``after_lsn``; afterwards
+    Iterate :meth:`records` for (LSN, term, payload) of each record after ``after_lsn``; afterwards
     ``last_lsn`` is the last valid LSN in the log (``after_lsn`` if none is higher) and ``torn``
     describes a torn tail that ended it, if any.
     """
@@ -140,7 +162,7 @@ class LogReader:
         self.torn: str | None = None
         self.segments = list_segments(directory)
 
-    def records(self) -> Iterator[tuple[int, memoryview]]:
+    def records(self) -> Iterator[Entry]:
         expected: int | None = None
         segments = self.segments
         for index, (first_lsn, path) in enumerate(segments):
@@ -161,7 +183,7 @@ class LogReader:
                     )
             if records and records[0][0] != first_lsn:
                 raise WalCorruption(f"{path}: first record has LSN {records[0][0]}, the name says {first_lsn}")
-            for lsn, payload in records:
+            for lsn, term, payload in records:
                 if expected is None:
                     if lsn > self.after_lsn + 1:
                         raise WalCorruption(
@@ -173,7 +195,7 @@ class LogReader:
                 expected = lsn + 1
                 if lsn > self.after_lsn:
                     self.last_lsn = lsn
-                    yield lsn, payload
+                    yield lsn, term, payload
             if problem is not None:
                 self.torn = f"{path}: torn record at byte {end} ({problem})"
                 return

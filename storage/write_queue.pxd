@@ -7,6 +7,9 @@ cdef class Write:
     cdef public object result
     cdef public object error
     cdef public object done
+    cdef public unsigned long long lsn
+    cdef public unsigned long long term
+    cdef public bint local
 
 cdef class WriteQueue:
     cdef public list pending

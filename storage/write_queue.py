@@ -35,6 +35,9 @@ class Write:
         self.result = None
         self.error = None
         self.done = done
+        self.lsn = 0  # a replicated record's own LSN (alone in its group), else 0
+        self.term = 0  # ... and its term
+        self.local = False  # this node's own metadata: committed unlogged and flushed, never replicated
 
 
 @cython.cclass
@@ -60,6 +63,22 @@ class WriteQueue:
         if self.closed:
             raise StorageError("storage is closed")
         self.pending.append(Write(fn, after_commit, exclusive, done))
+        wakeup = self.wakeup
+        if wakeup is not None:
+            self.wakeup = None
+            wakeup.set()
+
+    def submit_special(self, fn: Callable[[Any], Any], done: Done, lsn: cython.ulonglong, term: cython.ulonglong,
+                       local: cython.bint) -> None:
+        """Queue a write alone in its group: a replicated record (``lsn``, ``term``) or this node's
+        own metadata (``local``)."""
+        if self.closed:
+            raise StorageError("storage is closed")
+        item: Write = Write(fn, None, True, done)
+        item.lsn = lsn
+        item.term = term
+        item.local = local
+        self.pending.append(item)
         wakeup = self.wakeup
         if wakeup is not None:
             self.wakeup = None

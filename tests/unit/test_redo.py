@@ -148,3 +148,74 @@ def test_a_payload_that_is_not_a_list_of_operations_is_refused():
         redo.decode(b"\x01")
     with pytest.raises(ValueError):
         redo.decode(b"\x93\x00\xc0\xc0")  # three items: not whole operations
+
+
+def test_an_undo_redo_txn_can_put_back_everything_its_group_changed(tmp_path):
+    """A synchronous leader's group that no quorum confirmed is taken back by a later record made
+    of its undo operations: puts over old values, new keys, deletes, a cursor's writes, an emptied
+    and a dropped and a created database all return to what they were."""
+    import lmdb
+
+    from storage.redo import UndoRedoTxn, replay
+
+    env = lmdb.open(str(tmp_path / "db"), max_dbs=16)
+    names: dict = {None: None}
+    handles: dict = {}
+
+    def db(name: bytes, txn=None, create: bool = True):
+        if name not in handles:
+            handles[name] = env.open_db(name, txn=txn, create=create)
+            names[handles[name]] = name
+        return handles[name]
+
+    a, b, c = db(b"a"), db(b"b"), db(b"c")
+    with env.begin(write=True) as txn:
+        for i in range(5):
+            txn.put(b"k%d" % i, b"old%d" % i, db=a)
+            txn.put(b"x%d" % i, b"bx%d" % i, db=b)
+        txn.put(b"gone", b"soon", db=c)
+
+    def dump() -> dict:
+        out = {}
+        with env.begin() as txn:
+            for name in (b"a", b"b", b"c", b"new"):
+                try:
+                    handle = env.open_db(name, txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    continue
+                out[name] = list(txn.cursor(handle))
+        return out
+
+    before = dump()
+    txn = env.begin(write=True)
+    redo = UndoRedoTxn(txn, names)
+    redo.put(b"k0", b"new0", db=a)
+    redo.put(b"k9", b"brand new", db=a)
+    redo.delete(b"k1", db=a)
+    redo.pop(b"k2", db=a)
+    redo.replace(b"k3", b"replaced", db=a)
+    with redo.cursor(db=a) as cursor:
+        cursor.set_key(b"k4")
+        cursor.delete()
+        cursor.put(b"k8", b"by cursor")
+    redo.drop(b, delete=False)
+    redo.drop(c, delete=True)
+    handles.pop(b"c")
+    new = env.open_db(b"new", txn=txn, create=True)
+    names[new] = b"new"
+    handles[b"new"] = new
+    redo.created(b"new")
+    redo.put(b"n", b"v", db=new)
+    undo = redo.undo_ops()
+    txn.commit()
+    assert dump() != before
+
+    def open_db(name, txn, create):
+        try:
+            return env.open_db(name, txn=txn, create=create)
+        except lmdb.NotFoundError:
+            return None
+
+    with env.begin(write=True) as txn:
+        replay(txn, undo, open_db)
+    assert dump() == before

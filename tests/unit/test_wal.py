@@ -28,13 +28,13 @@ def write_segment(directory: Path, first_lsn: int, payloads: list[bytes], tail: 
 
 def read_all(directory: Path, after: int = 0) -> tuple[list[tuple[int, bytes]], LogReader]:
     reader = LogReader(directory, after)
-    return [(lsn, bytes(p)) for lsn, p in reader.records()], reader
+    return [(lsn, bytes(p)) for lsn, _term, p in reader.records()], reader
 
 
 def test_records_round_trip():
     data = encode_record(7, b"hello") + encode_record(8, b"") + encode_record(9, b"x" * 70000)
     records, end, problem = parse_records(data, 0)
-    assert [(lsn, bytes(p)) for lsn, p in records] == [(7, b"hello"), (8, b""), (9, b"x" * 70000)]
+    assert [(lsn, bytes(p)) for lsn, _term, p in records] == [(7, b"hello"), (8, b""), (9, b"x" * 70000)]
     assert end == len(data) and problem is None
     assert len(encode_record(1, b"abc")) == HEADER_SIZE + 3
 
@@ -155,3 +155,23 @@ def test_a_cut_back_append_leaves_no_fragment(tmp_path):
     wal.close()
     records, reader = read_all(tmp_path)
     assert records == [(1, b"kept"), (2, b"instead")] and reader.torn is None
+
+
+def test_records_carry_their_term_and_records_without_one_are_read_as_term_0(tmp_path):
+    """The term was added to the record header; a log written before that is still read."""
+    import struct
+    import zlib
+
+    def v1_record(lsn: int, payload: bytes) -> bytes:
+        prefix = struct.pack("<4sIQ", b"BQr\x01", len(payload), lsn)
+        return prefix + struct.pack("<I", zlib.crc32(payload, zlib.crc32(prefix))) + payload
+
+    data = v1_record(1, b"old") + encode_record(2, b"new", term=7) + encode_record(3, b"newer", term=9)
+    (tmp_path / "00000000000000000001.wal").write_bytes(FILE_MAGIC + data)
+    reader = LogReader(tmp_path, 0)
+    assert [(lsn, term, bytes(p)) for lsn, term, p in reader.records()] == [(1, 0, b"old"), (2, 7, b"new"), (3, 9, b"newer")]
+    assert reader.torn is None
+    torn = data + encode_record(4, b"cut", term=9)[:-1]
+    (tmp_path / "00000000000000000001.wal").write_bytes(FILE_MAGIC + torn)
+    reader = LogReader(tmp_path, 0)
+    assert [lsn for lsn, _t, _p in reader.records()] == [1, 2, 3] and reader.torn is not None
