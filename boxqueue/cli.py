@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # The etcd client's every request (a replica set's leases, several a second) is not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = load_config(args.config, args.data_dir)
         tls.check_all(config)

@@ -50,6 +50,10 @@ from tubes.task_events import catch_up, task_event_hook
 
 log = logging.getLogger(__name__)
 
+# What an incarnation of the process serves as: alone (no [replication]), or as a replica set's
+# leader or one of its followers (see replication/node.py).
+ALONE, LEADER, FOLLOWER = "alone", "leader", "follower"
+
 
 @dataclass
 class Ports:
@@ -171,6 +175,7 @@ class Server:
         self.zaqar_space: QueueSpace | None = None
         self.broadcast: Broadcast | None = None
         self.zaqar_queues: ZaqarQueues | None = None
+        self.replica: Any = None  # replication.node.ReplicaNode, in a replica set
 
     def stop(self) -> None:
         self._stop.set()
@@ -202,29 +207,80 @@ class Server:
                     )
                 )
             try:
-                await self._serve(access, task_status)
+                # Off the event loop: opening may take a while (a log to replay) and the metrics
+                # answer meanwhile.
+                wal = config.wal
+                storage = self.storage = await trio.to_thread.run_sync(
+                    partial(
+                        Storage,
+                        config.data_dir,
+                        wal.mode,
+                        checkpoint_interval_s=wal.checkpoint_interval_s,
+                        checkpoint_bytes=wal.checkpoint_bytes,
+                    )
+                )
+                self.observed.storage = storage
+                try:
+                    if config.replication is None:
+                        await self._serve(storage, access, task_status, ALONE)
+                    else:
+                        await self._serve_replica_set(storage, access, task_status)
+                finally:
+                    self.observed.state = STOPPING
+                    self.observed.storage = None  # the metrics stop reading LMDB before it closes
+                    storage.close()
+                    log.info("boxqueue stopped")
             finally:
                 self.observed.state = STOPPING
                 metrics_stop.set()
 
-    async def _serve(self, access: acl.AccessControl, task_status: trio.TaskStatus[Ports]) -> None:
+    async def _serve_replica_set(self, storage: Storage, access: acl.AccessControl,
+                                 task_status: trio.TaskStatus[Ports]) -> None:
+        """Serve as the leader or as a follower, as etcd decides, one incarnation after another."""
+        from replication.etcd import EtcdClient
+        from replication.node import ReplicaNode
+
+        rep = self.config.replication
+        assert rep is not None
+        async with EtcdClient(list(rep.etcd.endpoints), timeout=max(1.0, rep.etcd.lease_ttl_s / 3)) as etcd:
+            node = self.replica = ReplicaNode(rep, etcd, storage)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(node.election.run)
+                if self.handle_signals:
+                    nursery.start_soon(self._watch_signals)
+                first = True
+                while not self._stop.is_set():
+                    role = LEADER if node.leading() else FOLLOWER
+                    log.info("serving as %s (term %d, leader %s)", role, node.state.term, node.state.leader)
+                    await self._serve(storage, access, task_status if first else trio.TASK_STATUS_IGNORED, role)
+                    first = False
+                with trio.move_on_after(2):
+                    await node.election.resign()
+                nursery.cancel_scope.cancel()
+
+    async def _until_stopped_or_changed(self, role: str) -> None:
+        """Until the server stops, or (in a replica set) this incarnation's role no longer holds."""
+        async with trio.open_nursery() as nursery:
+            async def then_stop(wait: Callable[[], Awaitable[None]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(then_stop, self._stop.wait)
+            if role == LEADER:
+                nursery.start_soon(then_stop, self.replica.wait_until_not_leading)
+            elif role == FOLLOWER:
+                nursery.start_soon(then_stop, self.replica.wait_until_leading)
+
+    async def _serve(self, storage: Storage, access: acl.AccessControl, task_status: trio.TaskStatus[Ports],
+                     role: str) -> None:
         config = self.config
         observed = self.observed
-        wal = config.wal
-        # Off the event loop: opening may take a while (a log to replay) and the metrics answer meanwhile.
-        storage = self.storage = await trio.to_thread.run_sync(
-            partial(
-                Storage,
-                config.data_dir,
-                wal.mode,
-                checkpoint_interval_s=wal.checkpoint_interval_s,
-                checkpoint_bytes=wal.checkpoint_bytes,
-            )
-        )
-        observed.storage = storage
+        node = self.replica
         try:
             committer = GroupCommitter(storage, rejections=(BoxError,))
             catalog = self.catalog = Catalog(storage, committer, access)
+            if role == FOLLOWER:
+                catalog.writes.set_read_only(f"a follower of the replica set (leader: {node.state.leader})")
             observed.committer, observed.catalog = committer, catalog
             if storage.log is not None:
                 wal_log = storage.log
@@ -236,7 +292,11 @@ class Server:
                 )
             catalog.load()
             procedures = Procedures(catalog.functions)
-            register_builtins(procedures, catalog)
+            register_builtins(procedures, catalog, replication=node.info if node is not None else None)
+            if node is not None:
+                from replication.node import register_procedures
+
+                register_procedures(procedures, node)
             procedures.add_resolver(space_method_resolver(catalog))
             stats = RequestStats()
             lua = self.lua = LuaEngine(
@@ -276,31 +336,46 @@ class Server:
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
                 catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
+            leading = None
+            if role == LEADER:
+                leading = self._lead(storage, committer, dispatcher)
             # Shutdown goes from the top down: listeners, connections, the engine's monitors, and
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await root.start(stats.run)
                 await root.start(lua.run)
-                observed.state = RECOVERING
-                await create_configured_spaces(catalog, config.spaces)
-                await self._own_spaces(engine)
-                await self._open_broadcast(engine)
+                if role == FOLLOWER:
+                    root.start_soon(self._follow, storage, committer, catalog)
+                else:
+                    observed.state = RECOVERING
+                    if leading is not None:
+                        await leading.begin_term()
+                    await create_configured_spaces(catalog, config.spaces)
+                    await self._own_spaces(engine)
+                    await self._open_broadcast(engine)
                 async with trio.open_nursery() as engine_nursery:
-                    await engine_nursery.start(engine.run)
-                    if self.handle_signals:
+                    if role != FOLLOWER:
+                        await engine_nursery.start(engine.run)
+                    if self.handle_signals and role == ALONE:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
-                        facades_stop = await self._start_facades(engine_nursery, facades)
+                        facades_stop = (await self._start_facades(engine_nursery, facades) if role != FOLLOWER
+                                        else lambda: None)
                         async with trio.open_nursery() as connections:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
-                                    await self._start_listeners(listeners, connections, iproto, console)
+                                    await self._start_listeners(listeners, connections, iproto, console,
+                                                                engine=role != FOLLOWER)
+                                    if leading is not None:
+                                        await leading.start_quorum(root)
                                     observed.state = READY
-                                    log.info("boxqueue is ready")
+                                    log.info("boxqueue is ready" if role == ALONE else f"boxqueue is ready, as {role}")
                                     task_status.started(self.ports)
-                                    await self._stop.wait()
+                                    await self._until_stopped_or_changed(role)
                                     observed.state = STOPPING
+                                    if leading is not None:
+                                        leading.end()
                                     listening.cancel()
                             # The HTTP facades drain at the same time as the iproto connections.
                             facades_stop()
@@ -311,10 +386,8 @@ class Server:
                     engine_nursery.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
-            observed.state = STOPPING
-            observed.storage = None  # the metrics stop reading LMDB before it closes
-            storage.close()
-            log.info("boxqueue stopped")
+            if node is not None:
+                node.relays = node.applier = node.quorum = None
 
     def _kinds(self) -> dict[str, TubeKind]:
         """The kinds of tubes, with the defaults the configuration gives them."""
@@ -412,8 +485,39 @@ class Server:
 
         return stop
 
+    def _lead(self, storage: Storage, committer: GroupCommitter, dispatcher: Dispatcher) -> Any:
+        from replication.leading import Leading
+
+        return Leading(self.replica, storage, committer, dispatcher)
+
+    async def _follow(self, storage: Storage, committer: GroupCommitter, catalog: Catalog) -> None:
+        """A follower's applier, following whoever etcd says leads (until cancelled)."""
+        from replication.applier import Applier
+
+        node = self.replica
+        rep = node.config
+        applier = node.applier = Applier(
+            storage, committer, catalog, name=rep.name, user=rep.user, password=rep.password,
+            heartbeat_s=rep.heartbeat_s, known_term=lambda: node.state.term, instance_uuid=catalog.instance_uuid,
+        )
+        while True:
+            uri = node.state.leader_uri
+            if uri is None or node.state.leader == node.name:
+                await node.wait_for_change()
+                continue
+            address = Address.parse(uri)
+            with trio.CancelScope() as following:
+                async def on_leader_change(scope: trio.CancelScope = following, uri: str = uri) -> None:
+                    while node.state.leader_uri == uri:
+                        await node.wait_for_change()
+                    scope.cancel()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(on_leader_change)
+                    await applier.follow(address.host, address.port)
+
     async def _start_listeners(self, listeners: trio.Nursery, connections: trio.Nursery, iproto: IprotoServer,
-                               console: ConsoleServer) -> None:
+                               console: ConsoleServer, *, engine: bool = True) -> None:
         cfg = self.config.iproto
 
         async def start(address: Address, read_only: bool) -> int:
@@ -433,7 +537,7 @@ class Server:
                 lambda task_status: console.listen(admin.host, admin.port, connections, task_status=task_status)
             )
         deckard = self.config.deckard
-        if deckard is not None and self.deckard_space is not None:
+        if deckard is not None and self.deckard_space is not None and engine:
             from facades.deckard.server import DeckardFacade  # grpcio loads only when served
 
             facade = DeckardFacade(

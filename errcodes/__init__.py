@@ -90,12 +90,16 @@ class ER(enum.IntEnum):
     NO_TRANSACTION = 114
     SYSTEM = 115
     LOADING = 116
+    CONNECTION_TO_SELF = 117
     KEY_PART_IS_TOO_LONG = 118
     PARTIAL_KEY = 136
     TRUNCATE_SYSTEM_SPACE = 137
     NO_SUCH_INDEX_NAME = 148
     UPDATE_DECIMAL_OVERFLOW = 160
     NO_SUCH_FIELD_NAME = 201
+    SYNC_QUORUM_TIMEOUT = 216
+    SYNC_ROLLBACK = 217
+    TOO_EARLY_SUBSCRIBE = 220
     UNABLE_TO_PROCESS_IN_STREAM = 229
     UNABLE_TO_PROCESS_OUT_OF_STREAM = 230
     UNKNOWN_AUTH_METHOD = 249
@@ -181,12 +185,16 @@ FORMATS: dict[ER, str] = {
     ER.NO_TRANSACTION: "No active transaction",
     ER.SYSTEM: "%s",
     ER.LOADING: "Instance bootstrap hasn't finished yet",
+    ER.CONNECTION_TO_SELF: "Connection to self",
     ER.KEY_PART_IS_TOO_LONG: "Key part is too long: %u of %u bytes",
     ER.PARTIAL_KEY: "%s index  does not support selects via a partial key (expected %u parts, got %u). Please Consider changing index type to TREE.",
     ER.TRUNCATE_SYSTEM_SPACE: "Can't truncate a system space, space '%s'",
     ER.NO_SUCH_INDEX_NAME: "No index '%s' is defined in space '%s'",
     ER.UPDATE_DECIMAL_OVERFLOW: "Decimal overflow when performing operation '%s' on field %s",
     ER.NO_SUCH_FIELD_NAME: "Field '%s' was not found in the tuple",
+    ER.SYNC_QUORUM_TIMEOUT: "Quorum collection for a synchronous transaction is timed out",
+    ER.SYNC_ROLLBACK: "A rollback for a synchronous transaction is received",
+    ER.TOO_EARLY_SUBSCRIBE: "Can't subscribe non-anonymous replica %s until join is done",
     ER.UNABLE_TO_PROCESS_IN_STREAM: "Unable to process %s request in stream",
     ER.UNABLE_TO_PROCESS_OUT_OF_STREAM: "Unable to process %s request out of stream",
     ER.UNKNOWN_AUTH_METHOD: "Unknown authentication method '%s'",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from iproto_server.greeting import VERSION_FULL
@@ -14,23 +15,27 @@ from spaces.catalog import Catalog
 from spaces.procedures import CallContext, Procedures
 
 
-def register_builtins(procedures: Procedures, catalog: Catalog, *, read_only: bool = False) -> None:
+def register_builtins(procedures: Procedures, catalog: Catalog, *, read_only: bool = False,
+                      replication: Callable[[], dict[str, Any]] | None = None) -> None:
+    """``replication``: the replica set's part of ``box.info`` (``replication.node``), if any."""
     started = time.monotonic()
 
     def info(ctx: CallContext) -> list[Any]:
-        return [
-            {
-                "version": VERSION_FULL,
-                "id": 1,
-                "ro": read_only or ctx.read_only,
-                "status": "running",
-                "uuid": catalog.instance_uuid,
-                "pid": os.getpid(),
-                "uptime": int(time.monotonic() - started),
-                "lsn": 0,
-                "schema_version": catalog.schema_version,
-            }
-        ]
+        fields = {
+            "version": VERSION_FULL,
+            "id": 1,
+            "ro": read_only or ctx.read_only or catalog.writes.read_only_reason is not None,
+            "status": "running",
+            "uuid": catalog.instance_uuid,
+            "pid": os.getpid(),
+            "uptime": int(time.monotonic() - started),
+            "lsn": catalog.storage.lsn,
+            "schema_version": catalog.schema_version,
+        }
+        if replication is not None:
+            fields.update(replication())
+            fields["ro"] = fields["ro"] or read_only or ctx.read_only
+        return [fields]
 
     def session_id(ctx: CallContext) -> list[Any]:
         return [ctx.session_id]

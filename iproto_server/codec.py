@@ -55,6 +55,8 @@ BEGIN = 14
 COMMIT = 15
 ROLLBACK = 16
 PING = 64
+JOIN = 65
+SUBSCRIBE = 66
 ID = 73
 WATCH = 74
 UNWATCH = 75
@@ -296,6 +298,16 @@ class RequestDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos + self._more_len
+
+    def take_buffered(self) -> bytes:
+        """Every byte received and not framed yet, handed over (the stream that follows a
+        replication request is not iproto requests any more)."""
+        data = self._buf[self._pos:] + b"".join(self._more)
+        self._buf = b""
+        self._pos = 0
+        self._more = []
+        self._more_len = 0
+        return data
 
     def feed(self, data: bytes) -> None:
         if self._pos >= len(self._buf) and not self._more_len:

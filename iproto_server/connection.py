@@ -148,6 +148,8 @@ class Connection:
             if sample is not None:
                 self._sample_ends(sample)
                 sample = None
+            if session.takeover is not None:
+                return await self._replicate(nursery)
             if outbox.out and not self._sending:
                 # Answer this chunk's quick requests now, without waking the sender task; a full
                 # socket buffer blocks here, which stops reading: the client is pushed back.
@@ -155,6 +157,17 @@ class Connection:
                     await self._send_pending()
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return True
+
+    async def _replicate(self, nursery: trio.Nursery) -> bool:
+        """The client sent JOIN or SUBSCRIBE: answer what came before it, then hand the
+        connection to the replication stream until it ends (the client left)."""
+        with trio.move_on_after(5):
+            while self.outbox.inflight:
+                await self._slot_freed()
+        await self._flush()
+        request, self.session.takeover = self.session.takeover, None
+        await self.dispatcher.replication(self.session, request, self.io, self.decoder.take_buffered())
+        return True
 
     async def _slot_freed(self) -> None:
         """Wait until a pending request is answered."""

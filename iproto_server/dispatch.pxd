@@ -24,6 +24,7 @@ cdef class Dispatcher:
     cdef public object stats
     cdef public object access
     cdef public WriteGate writes
+    cdef public object replication
     cdef public Procedures procedures
     cdef public object eval_handler
     cdef list _by_type
@@ -47,3 +48,4 @@ cdef class Dispatcher:
     cdef object _procedure_call(self, Session session, Request request, bint call16,
                                 unsigned long long sync, Outbox outbox)
     cdef object _eval(self, Session session, Request request)
+    cdef void _replication_request(self, Session session, Request request)

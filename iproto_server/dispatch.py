@@ -68,6 +68,8 @@ T_UPSERT = cython.declare(cython.ulonglong, codec.UPSERT)
 T_CALL = cython.declare(cython.ulonglong, codec.CALL)
 T_PING = cython.declare(cython.ulonglong, codec.PING)
 T_ID = cython.declare(cython.ulonglong, codec.ID)
+T_JOIN = cython.declare(cython.ulonglong, codec.JOIN)
+T_SUBSCRIBE = cython.declare(cython.ulonglong, codec.SUBSCRIBE)
 K_SPACE_ID = cython.declare(cython.int, codec.SPACE_ID)
 K_LIMIT = cython.declare(cython.int, codec.LIMIT)
 K_KEY = cython.declare(cython.int, codec.KEY)
@@ -246,6 +248,9 @@ class Dispatcher:
         self._spaces = catalog.spaces
         self.access = catalog.access
         self.writes = catalog.writes
+        # Serves a connection that sent JOIN or SUBSCRIBE: (session, request, io, bytes already
+        # read after the request) -> awaitable; set on a member of a replica set.
+        self.replication = None
         self.procedures = procedures
         self.eval_handler = eval_handler
 
@@ -294,6 +299,9 @@ class Dispatcher:
                 result = self._auth(session, request)
             elif rtype == T_ID:
                 result = codec.id_body(PROTOCOL_VERSION, FEATURES)
+            elif rtype == T_JOIN or rtype == T_SUBSCRIBE:
+                self._replication_request(session, request)
+                return None
             else:
                 raise BoxError(ER.UNKNOWN_REQUEST_TYPE, rtype)
         except Exception as exc:
@@ -332,6 +340,8 @@ class Dispatcher:
                 continue
             result = self.handle(session, event, outbox)
             if result is None:
+                if session.takeover is not None:
+                    break  # what follows on this connection is the replication stream's
                 continue
             pending += 1
             if result is not PENDING:
@@ -339,6 +349,16 @@ class Dispatcher:
                     tasks = []
                 tasks.append(result)
         return pending, tasks, None
+
+    @cython.cfunc
+    def _replication_request(self, session: Session, request: Request) -> cython.void:
+        """JOIN or SUBSCRIBE: the connection becomes a replication stream (``session.takeover``),
+        served by ``self.replication`` once what came before it is answered. Tarantool asks for
+        read on the universe (the ``replication`` role has it)."""
+        if self.replication is None:
+            raise BoxError(ER.UNSUPPORTED, "boxqueue", "replication requests without [replication]")
+        self.access.check(session.user, acl.READ, acl.UNIVERSE, "")
+        session.takeover = request
 
     def error(self, sync: int, error: BoxError) -> bytes:
         return codec.error_response(sync, self.catalog.schema_version, error)

@@ -9,3 +9,4 @@ cdef class Session:
     cdef list _on_disconnect
     cdef public bint closed
     cdef public object context
+    cdef public object takeover

@@ -31,6 +31,7 @@ class Session:
         self._on_disconnect: list[Callable[[], Any]] = []
         self.closed = False
         self.context = CallContext(sid, user, read_only, self.on_disconnect)
+        self.takeover = None  # a JOIN or SUBSCRIBE request: the connection becomes a replication stream
 
     def set_user(self, user: User) -> None:
         self.user = user

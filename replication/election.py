@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -102,15 +102,11 @@ class Election:
                 nursery.start_soon(self._refresh_members)
                 await self._contend(task_status)
         finally:
-            self._fence()
-            with trio.CancelScope(shield=True) as scope:
-                scope.deadline = trio.current_time() + 1.0
+            self._step_down("no longer running")
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
                 for lease in (self._leader_lease, self._member_lease):
                     if lease is not None:
-                        try:
-                            await self._client.revoke(lease)
-                        except EtcdError:
-                            pass
+                        await self._quietly(self._client.revoke(lease))
             self._leader_lease = self._member_lease = None
 
     async def resign(self) -> None:
@@ -187,12 +183,14 @@ class Election:
                         return
 
     async def _follow(self, kv: KeyValue) -> None:
-        """Until the leader's key goes (its lease lapsed, or it resigned)."""
-        async with aclosing(self._client.watch(self._leader_key, kv.revision + 1)) as events:
-            async for event in events:
-                if event.type == "DELETE" or event.kv.create_revision != kv.create_revision:
-                    self._set("candidate", self.state.term)
-                    return
+        """Until the leader's key goes (its lease lapsed, or it resigned), or for 2 × TTL: a watch
+        over a connection that died silently would never say, so the caller looks again."""
+        with trio.move_on_after(2 * self._ttl):
+            async with aclosing(self._client.watch(self._leader_key, kv.revision + 1)) as events:
+                async for event in events:
+                    if event.type == "DELETE" or event.kv.create_revision != kv.create_revision:
+                        self._set("candidate", self.state.term)
+                        return
 
     async def _clear_stale(self, kv: KeyValue) -> None:
         log.info("%s: election: removing our own stale leader key (term %d)",
@@ -253,17 +251,14 @@ class Election:
                 await trio.sleep(_backoff(failures))
 
     def _step_down(self, why: str) -> None:
+        """Fences at once (synchronously: no await between the cause and lease_valid() False)."""
+        self._renewed_at = -math.inf
         if self.state.role == "leader":
             log.warning("%s: election: stepping down from term %d: %s",
                         self.name, self.state.term, why)
-        self._fence()
+            self._set("candidate", self.state.term)
         if self._lead_scope is not None:
             self._lead_scope.cancel()
-
-    def _fence(self) -> None:
-        self._renewed_at = -math.inf
-        if self.state.role == "leader":
-            self._set("candidate", self.state.term)
 
     async def _withdraw(self, term: int, lease: int | None) -> None:
         """Deletes our key only while it is still the incarnation of ``term``, never a
@@ -317,7 +312,7 @@ class Election:
             if self._on_change is not None:
                 self._on_change(state)
 
-    async def _quietly(self, request: Any) -> None:
+    async def _quietly(self, request: Awaitable[object]) -> None:
         try:
             await request
         except EtcdError as exc:

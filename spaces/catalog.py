@@ -92,27 +92,44 @@ class Catalog:
             self.schema_version = _get_int(txn, self._db, _META_SCHEMA_VERSION, SCHEMA_VERSION_START)
             self.max_id = _get_int(txn, self._db, _META_MAX_ID, FIRST_USER_SPACE_ID - 1)
             self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
-            raw_uuid = txn.get(_META_UUID, db=self._db)
+            # This node's own identity and session ids live in its local database, which is never
+            # replicated (a data directory written before replica sets kept them in the catalogue).
+            local = self.storage.local_db
+            raw_uuid = txn.get(_META_UUID, db=local) or txn.get(_META_UUID, db=self._db)
             if raw_uuid is None:
                 raw_uuid = str(uuid.uuid4()).encode()
-                txn.put(_META_UUID, raw_uuid, db=self._db)
+            txn.put(_META_UUID, raw_uuid, db=local)
             self.instance_uuid = raw_uuid.decode()
             # Session ids are never reused: start after every id reserved by earlier runs.
-            reserved = _get_int(txn, self._db, _META_SESSIONS, 0)
+            reserved = max(_get_int(txn, local, _META_SESSIONS, 0), _get_int(txn, self._db, _META_SESSIONS, 0))
             self._next_session = reserved + 1
             self._sessions_reserved = reserved + SESSION_BLOCK
-            txn.put(_META_SESSIONS, msgpack.packb(self._sessions_reserved), db=self._db)
-            records = []
-            with txn.cursor(db=self._db) as cur:
-                if cur.set_range(_SPACE_PREFIX):
-                    for k, v in cur:
-                        if not k.startswith(_SPACE_PREFIX):
-                            break
-                        records.append(msgpack.unpackb(v, raw=False, strict_map_key=False))
-            for record in records:
-                sdef = space_from_row(record["row"])
-                idefs = [index_from_row(row, db_name) for row, db_name in record["indexes"]]
-                self._register(Space(sdef, idefs, self.storage, self.committer, txn))
+            txn.put(_META_SESSIONS, msgpack.packb(self._sessions_reserved), db=local)
+            self._read_spaces(txn)
+
+    def reload(self) -> None:
+        """Read the spaces again from LMDB, as a follower does after records that changed them (or
+        after a fresh copy): the definitions are replaced, the node's own metadata kept."""
+        self.spaces = {}
+        self.by_name = {}
+        with self.storage.env.begin() as txn:
+            self.schema_version = _get_int(txn, self._db, _META_SCHEMA_VERSION, SCHEMA_VERSION_START)
+            self.max_id = _get_int(txn, self._db, _META_MAX_ID, FIRST_USER_SPACE_ID - 1)
+            self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
+            self._read_spaces(txn)
+
+    def _read_spaces(self, txn: lmdb.Transaction) -> None:
+        records = []
+        with txn.cursor(db=self._db) as cur:
+            if cur.set_range(_SPACE_PREFIX):
+                for k, v in cur:
+                    if not k.startswith(_SPACE_PREFIX):
+                        break
+                    records.append(msgpack.unpackb(v, raw=False, strict_map_key=False))
+        for record in records:
+            sdef = space_from_row(record["row"])
+            idefs = [index_from_row(row, db_name) for row, db_name in record["indexes"]]
+            self._register(Space(sdef, idefs, self.storage, self.committer, txn))
 
     def _register(self, space: Space) -> None:
         self.spaces[space.id] = space
@@ -155,9 +172,9 @@ class Catalog:
                     reserved = max(self._sessions_reserved, sid) + SESSION_BLOCK
 
                     def write(txn: lmdb.Transaction) -> None:
-                        txn.put(_META_SESSIONS, msgpack.packb(reserved), db=self._db)
+                        txn.put(_META_SESSIONS, msgpack.packb(reserved), db=self.storage.local_db)
 
-                    await self.committer.write(write)
+                    await self.committer.write_local(write)
                     self._sessions_reserved = reserved
         return sid
 

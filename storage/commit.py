@@ -125,6 +125,29 @@ class GroupCommitter:
 
         self._queue.submit_special(apply, done, lsn, term, False)
 
+    async def reset_log(self, lsn: int, term: int) -> None:
+        """After a fresh copy (see :meth:`storage.environment.Storage.reset_log`), between groups."""
+        async with self._log_free if self._log is not None else _nothing():
+            await trio.to_thread.run_sync(self._storage.reset_log, lsn, term)
+            self._log = self._storage.log
+            self._checkpointed_lsn = lsn
+
+    async def write_local(self, fn: WriteFn) -> Any:
+        """:meth:`submit_local`, awaited: ``fn``'s result once it is flushed."""
+        waiter = trio.lowlevel.current_task()
+        outcome: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            outcome.extend((result, error))
+            trio.lowlevel.reschedule(waiter)
+
+        self.submit_local(fn, done)
+        await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
     def submit_local(self, fn: WriteFn, done: Done) -> None:
         """Queue a write of this node's own metadata (not replicated, not in the log): committed
         alone and LMDB flushed before ``done``; taken even while client writes are refused."""
@@ -229,6 +252,12 @@ class GroupCommitter:
                 if self._log is not None:  # the last group's flush and replies
                     async with self._log_free:
                         pass
+                # What still waits for a quorum is not acknowledged: the writers hear so.
+                while self._awaiting:
+                    _lsn, batch, started, _undo = self._awaiting.pop()
+                    for item in batch:
+                        item.error = StorageError("the server stopped before a quorum confirmed the write")
+                    self._finish(list(reversed(batch)), started)
 
     async def _commit(self, batch: list[Write]) -> None:
         """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
@@ -321,7 +350,7 @@ class GroupCommitter:
                 raw.abort()
                 raise StorageError(f"replicated record {forced} does not follow this log's last record {lsn - 1}")
             term = forced_term
-        self._storage.note_lsn(raw, lsn)
+        self._storage.note_lsn(raw, lsn, term)
         payload = txn.encode()
         record = encode_record(lsn, payload, term)
         await self._log_free.acquire()

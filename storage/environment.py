@@ -45,8 +45,12 @@ log = logging.getLogger(__name__)
 
 WAL_MODES = ("fsync", "write", "none")
 WAL_DIR = "wal"
-_WAL_DB = b"_wal"
+# This node's own database: where its log stands, and its own metadata (instance uuid, session
+# ids, a copy in progress). It is never replicated: every write to it goes around the log.
+LOCAL_DB = b"_wal"
+_WAL_DB = LOCAL_DB
 _LSN_KEY = b"lsn"
+_TERM_KEY = b"term"  # the term of the record at ``lsn``
 _LSN = struct.Struct("<Q")
 _REPLAY_CHUNK = 256  # log records per LMDB transaction during recovery
 
@@ -113,7 +117,9 @@ class Storage:
             self._wal_db = self.db(_WAL_DB)
             with self.env.begin() as txn:
                 raw = txn.get(_LSN_KEY, db=self._wal_db)
+                raw_term = txn.get(_TERM_KEY, db=self._wal_db)
             self.lsn = 0 if raw is None else _LSN.unpack(raw)[0]
+            self.last_term = 0 if raw_term is None else _LSN.unpack(raw_term)[0]
             self.replayed = self._recover()
             if wal_mode == "fsync":
                 self.log = WriteAheadLog(self.path / WAL_DIR, self.lsn + 1)
@@ -124,9 +130,28 @@ class Storage:
 
     # -- the write-ahead log -----------------------------------------------------------------
 
-    def note_lsn(self, txn: lmdb.Transaction, lsn: int) -> None:
-        """Record in ``txn`` (the group's own transaction) that it holds log record ``lsn``."""
+    def note_lsn(self, txn: lmdb.Transaction, lsn: int, term: int = 0) -> None:
+        """Record in ``txn`` (the group's own transaction) that it holds log record ``lsn``, of
+        ``term``."""
         txn.put(_LSN_KEY, _LSN.pack(lsn), db=self._wal_db)
+        if term != self.last_term or lsn == 1:
+            txn.put(_TERM_KEY, _LSN.pack(term), db=self._wal_db)
+        self.last_term = term
+
+    @property
+    def local_db(self) -> Any:
+        """The handle of this node's own database (see :data:`LOCAL_DB`)."""
+        return self._wal_db
+
+    def reset_log(self, lsn: int, term: int) -> None:
+        """After a fresh copy: LMDB holds everything up to record ``lsn`` of ``term``, and the log
+        starts again after it (its old segments are another history). The caller has written
+        ``lsn`` with :meth:`note_lsn` and flushed LMDB."""
+        self.lsn = lsn
+        self.last_term = term
+        if self.log is not None:
+            self.log.retire()
+            self.log = WriteAheadLog(self.path / WAL_DIR, lsn + 1)
 
     def _recover(self) -> int:
         """Replay the log past ``self.lsn``, flush LMDB and delete the log's segments. Returns the
@@ -138,11 +163,11 @@ class Storage:
         replayed = 0
         txn: lmdb.Transaction | None = None
         try:
-            for lsn, _term, payload in reader.records():
+            for lsn, term, payload in reader.records():
                 if txn is None:
                     txn = self.env.begin(write=True)
                 redo.replay(txn, redo.decode(payload), self._open_for_replay)
-                self.note_lsn(txn, lsn)
+                self.note_lsn(txn, lsn, term)
                 replayed += 1
                 if replayed % _REPLAY_CHUNK == 0:
                     txn.commit()
@@ -186,6 +211,20 @@ class Storage:
                     txn.created(name)
             else:
                 handle = self.env.open_db(name, txn=txn, create=create)
+            self._dbs[name] = handle
+            self.names[handle] = name
+        return handle
+
+    def existing_db(self, name: bytes) -> Any:
+        """The handle of the named database ``name`` if it exists (opened in a read transaction,
+        so safe while the group committer runs), else None."""
+        handle = self._dbs.get(name)
+        if handle is None:
+            with self.env.begin() as txn:
+                try:
+                    handle = self.env.open_db(name, txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    return None
             self._dbs[name] = handle
             self.names[handle] = name
         return handle

@@ -82,6 +82,7 @@ class Member:
     changes: list[tuple[float, ElectionState]] = field(default_factory=list)
     election: Election = field(init=False)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
 
     @property
     def state(self) -> ElectionState:
@@ -92,8 +93,11 @@ class Member:
         self.scope.cancel()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        with self.scope:
-            await self.election.run(task_status=task_status)
+        try:
+            with self.scope:
+                await self.election.run(task_status=task_status)
+        finally:
+            self.done.set()
 
 
 class Group:
@@ -206,6 +210,12 @@ async def test_a_stopped_leader_is_replaced_with_a_higher_term(etcd, prefix):
         old_term = old.state.term
         stopped = trio.current_time()
         old.stop()
+        with trio.fail_after(2):
+            await old.done.wait()
+        # it revoked its leases on the way out: its keys are gone at once, not after a TTL
+        held = await members[0].client.get(f"{prefix}/leader".encode())
+        assert held is None or held.create_revision != old_term
+        assert await members[0].client.get(f"{prefix}/members/{old.name}".encode()) is None
         rest = [m for m in members if m is not old]
         new = await g.converged(rest, TTL + 3)
         took = trio.current_time() - stopped
