@@ -242,7 +242,7 @@ class Server:
 
         rep = self.config.replication
         assert rep is not None
-        async with EtcdClient(list(rep.etcd.endpoints), timeout=max(1.0, rep.etcd.lease_ttl_s / 3)) as etcd:
+        async with EtcdClient(list(rep.etcd.endpoints), timeout=max(1.0, rep.etcd.lease_ttl_s / 2)) as etcd:
             node = self.replica = ReplicaNode(rep, etcd, storage)
             async with trio.open_nursery() as nursery:
                 await nursery.start(node.election.run)

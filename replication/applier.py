@@ -81,6 +81,8 @@ class Applier:
         self.instance_uuid = instance_uuid
         self.upstream = Upstream()
         self.copies = 0
+        self.queued = 0  # the last record handed to the committer (a new stream may send it again)
+        self._catalog_changed = trio.Event()
 
     async def follow(self, host: str, port: int) -> None:
         """Follow the leader at ``host:port`` until cancelled, reconnecting after every failure."""
@@ -153,6 +155,7 @@ class Applier:
             acks: trio.MemorySendChannel[int]
             acks, ack_receiver = trio.open_memory_channel[int](1 << 16)
             nursery.start_soon(self._send_acks, stream, ack_receiver, nursery.cancel_scope)
+            nursery.start_soon(self._reload_catalog)
             while True:
                 row = await _next_row(stream, decoder, 4 * self.heartbeat_s)
                 self.upstream.received_at = time.monotonic()
@@ -164,6 +167,8 @@ class Applier:
                         raise StreamRefused(f"record {row.lsn} of term {term} refused (stream of term "
                                             f"{stream_term}, newest known {self.known_term()})")
                     last_term = term
+                    if row.lsn <= max(self.queued, self.storage.lsn):
+                        continue  # already applied, or on its way (sent again by a new stream)
                     stamp = row.header.get(rows.TIMESTAMP)
                     if isinstance(stamp, float | int):
                         self.upstream.lag = max(time.time() - stamp, 0.0)
@@ -179,16 +184,25 @@ class Applier:
         def done(_result: object, error: BaseException | None) -> None:
             if error is not None:
                 log.error("replicated record %d could not be applied: %s", lsn, error)
+                self.queued = self.storage.lsn
                 acks.close()  # the stream ends; the next one starts from what is durable
                 return
             if catalog_changed:
-                self.catalog.reload()
+                self._catalog_changed.set()
             try:
                 acks.send_nowait(lsn)
             except (trio.WouldBlock, trio.ClosedResourceError):
                 pass
 
         self.committer.submit_replicated(lsn, term, payload, done)
+        self.queued = lsn
+
+    async def _reload_catalog(self) -> None:
+        """Records changed the spaces' definitions: read them again (once per batch of them)."""
+        while True:
+            await self._catalog_changed.wait()
+            self._catalog_changed = trio.Event()
+            await self.catalog.reload()
 
     async def _send_acks(self, stream: trio.SocketStream, acks: trio.MemoryReceiveChannel[int],
                          stop: trio.CancelScope) -> None:
@@ -228,7 +242,7 @@ class Applier:
                 await writer.end(row.lsn, row.term)
                 break
             self.copies += 1
-            self.catalog.reload()
+            await self.catalog.reload()
             log.info("copy of %d bytes taken, as of LSN %d", received, row.lsn)
 
 

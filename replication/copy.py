@@ -77,10 +77,14 @@ def read_chunks(storage: Storage, most_bytes: int = CHUNK_BYTES) -> Iterator[byt
 
 
 def _handle(storage: Storage, name: bytes) -> Any:
-    try:
-        return storage.existing_db(name)
-    except lmdb.Error:
-        return None
+    """The database's handle (the reader opened every one first: :func:`open_all`)."""
+    return storage.existing_db(name)
+
+
+async def open_all(storage: Storage, committer: GroupCommitter) -> None:
+    """Open every database to copy, so that :func:`read_chunks` finds their handles."""
+    for name in database_names(storage):
+        await committer.open_db(name)
 
 
 class CopyWriter:

@@ -104,7 +104,9 @@ class Election:
         finally:
             self._step_down("no longer running")
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
-                for lease in (self._leader_lease, self._member_lease):
+                # the member key first: candidates woken by the leader key's deletion must not
+                # wait for us as the best of the alive members
+                for lease in (self._member_lease, self._leader_lease):
                     if lease is not None:
                         await self._quietly(self._client.revoke(lease))
             self._leader_lease = self._member_lease = None
@@ -154,16 +156,20 @@ class Election:
                 await trio.sleep(_backoff(failures))
 
     async def _campaign(self, floor: int | None) -> None:
-        alive = await self._read_members()
+        """Takes the key if we may; else waits for a leader key (watched from ``floor``, a
+        revision before we saw none) and returns for the caller to look again."""
         remaining = self._abstain_until - trio.current_time()
-        if floor is None or remaining > 0:
-            wait = max(remaining, 0.1)
-        elif len(alive) < len(self._peers) // 2 + 1:
-            wait = self._ttl / 3  # no majority: look again when members have refreshed
-        elif min(alive.values(), key=lambda m: (-int(m.get("term", 0)), -int(m.get("lsn", 0)),
-                                                str(m.get("name"))))["name"] != self.name:
-            wait = 2 * self._ttl  # the best one should take the key; if it died, look again
+        if floor is None or remaining > 0:  # sitting out after resign(): look again soon
+            await trio.sleep(min(max(remaining, 0.1), self._ttl / 3))
+            return
+        alive = await self._read_members()
+        if len(alive) < len(self._peers) // 2 + 1:
+            wait, best = self._ttl / 3, None  # no majority: look again when members refresh
         else:
+            best = min(alive.values(), key=lambda m: (-int(m.get("term", 0)),
+                                                      -int(m.get("lsn", 0)), str(m["name"])))
+            wait = 2 * self._ttl  # the best one should take the key; if it died, look again
+        if best is not None and best["name"] == self.name:
             granted_at = trio.current_time()
             self._leader_lease = lease = await self._client.grant(self._ttl)
             value = json.dumps({"name": self.name, "uri": self.uri}).encode()
@@ -176,11 +182,24 @@ class Election:
                 await self._quietly(self._client.revoke(lease))
             return
         with trio.move_on_after(wait):
-            start = floor + 1 if floor is not None else None
-            async with aclosing(self._client.watch(self._leader_key, start)) as events:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._wake_on, self._leader_key, "PUT", floor, nursery)
+                if best is not None:  # the best one's member key going means it died: no wait
+                    key = f"{self._prefix}/members/{best['name']}".encode()
+                    nursery.start_soon(self._wake_on, key, "DELETE", floor, nursery)
+
+    async def _wake_on(self, key: bytes, kind: str, floor: int, nursery: trio.Nursery) -> None:
+        """Ends the wait at the first ``kind`` event on ``key``, or (after a pause) when the watch
+        fails: either way the caller looks again."""
+        try:
+            async with aclosing(self._client.watch(key, floor + 1)) as events:
                 async for event in events:
-                    if event.type == "PUT":
-                        return
+                    if event.type == kind:
+                        break
+        except EtcdError as exc:
+            log.debug("%s: election: watching %r: %s", self.name, key, exc)
+            await trio.sleep(_backoff(3))
+        nursery.cancel_scope.cancel()
 
     async def _follow(self, kv: KeyValue) -> None:
         """Until the leader's key goes (its lease lapsed, or it resigned), or for 2 × TTL: a watch

@@ -42,7 +42,7 @@ class Leading:
         self.history = History(storage.path / WAL_DIR, storage.lsn)
         committer.feed = self.history.add
         self.relays = node.relays = Relays(
-            storage, self.history, node.replica_id, replicaset_uuid(rep.etcd.prefix), lambda: node.state.term,
+            storage, committer, self.history, node.replica_id, replicaset_uuid(rep.etcd.prefix), lambda: node.state.term,
             rep.heartbeat_s, lambda: node.quorum,
         )
         committer.keep_from = self.relays.keep_from
@@ -51,6 +51,7 @@ class Leading:
     async def begin_term(self) -> None:
         """The term's first record: when it began."""
         storage = self.storage
+        await self.committer.open_db(TERMS_DB)
         term, first = storage.term, storage.lsn + 1
         terms = [pair for pair in read_terms(storage) if pair[0] < term] + [(term, first)]
 

@@ -42,10 +42,14 @@ class Quorum:
         self.confirmed = 0
         self._deadlines: list[tuple[int, float]] = []  # (lsn, when) of groups not yet confirmed
         self._changed = trio.Event()
+        self.abandoned = False
 
     def durable(self, lsn: int) -> None:
         """The committer: group ``lsn`` is durable here and waits for the quorum."""
         self.own = lsn
+        if self.abandoned:  # a group that was under way when this node stopped leading
+            self.committer.roll_back(lambda _first: BoxError(ER.SYNC_ROLLBACK))
+            return
         self._deadlines.append((lsn, trio.current_time() + self.timeout_s))
         if len(self._deadlines) == 1:
             self._changed.set()
@@ -73,7 +77,8 @@ class Quorum:
             self.committer.confirm(confirmed)
 
     def abandon(self) -> None:
-        """This node stops leading: take back every group still waiting."""
+        """This node stops leading: take back every group still waiting, and any still under way."""
+        self.abandoned = True
         self._deadlines = []
         self.committer.roll_back(lambda _first: BoxError(ER.SYNC_ROLLBACK))
 

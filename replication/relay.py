@@ -23,8 +23,9 @@ import trio
 from errcodes import ER, BoxError
 from replication import rows
 from replication.applier import first_leaf
-from replication.copy import read_chunks
+from replication.copy import open_all, read_chunks
 from replication.history import Gone, History
+from storage.commit import GroupCommitter
 from storage.environment import Storage
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,11 @@ class Downstream:
 class Relays:
     """Every follower's stream on this leader."""
 
-    def __init__(self, storage: Storage, history: History, replica_id: int, replicaset_uuid: str,
-                 term: Callable[[], int], heartbeat_s: float, quorum: Callable[[], Any]) -> None:
+    def __init__(self, storage: Storage, committer: GroupCommitter, history: History, replica_id: int,
+                 replicaset_uuid: str, term: Callable[[], int], heartbeat_s: float,
+                 quorum: Callable[[], Any]) -> None:
         self.storage = storage
+        self.committer = committer
         self.history = history
         self.replica_id = replica_id
         self.replicaset_uuid = replicaset_uuid
@@ -212,6 +215,7 @@ class Relays:
         term = term_at(read_terms(storage), lsn)
         self._pins[uuid] = (lsn + 1, time.monotonic() + JOIN_PIN_S)
         log.info("a follower (%s) takes a copy as of LSN %d", uuid, lsn)
+        await open_all(storage, self.committer)
         await io.send_all(rows.position(sync, self.replica_id, self.replicaset_uuid, self.vclock(), lsn, term))
         sent = 0
         for chunk in read_chunks(storage):

@@ -107,9 +107,15 @@ class Catalog:
             txn.put(_META_SESSIONS, msgpack.packb(self._sessions_reserved), db=local)
             self._read_spaces(txn)
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         """Read the spaces again from LMDB, as a follower does after records that changed them (or
-        after a fresh copy): the definitions are replaced, the node's own metadata kept."""
+        after a fresh copy): the definitions are replaced, the node's own metadata kept. The
+        indexes' databases are opened first, each in a write transaction of the committer's."""
+        with self.storage.env.begin() as txn:
+            records = self._space_records(txn)
+        for record in records:
+            for _row, db_name in record["indexes"]:
+                await self.committer.open_db(db_name.encode())
         self.spaces = {}
         self.by_name = {}
         with self.storage.env.begin() as txn:
@@ -118,7 +124,7 @@ class Catalog:
             self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
             self._read_spaces(txn)
 
-    def _read_spaces(self, txn: lmdb.Transaction) -> None:
+    def _space_records(self, txn: lmdb.Transaction) -> list[dict[str, Any]]:
         records = []
         with txn.cursor(db=self._db) as cur:
             if cur.set_range(_SPACE_PREFIX):
@@ -126,6 +132,10 @@ class Catalog:
                     if not k.startswith(_SPACE_PREFIX):
                         break
                     records.append(msgpack.unpackb(v, raw=False, strict_map_key=False))
+        return records
+
+    def _read_spaces(self, txn: lmdb.Transaction) -> None:
+        records = self._space_records(txn)
         for record in records:
             sdef = space_from_row(record["row"])
             idefs = [index_from_row(row, db_name) for row, db_name in record["indexes"]]

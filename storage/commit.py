@@ -148,6 +148,22 @@ class GroupCommitter:
             raise error
         return result
 
+    async def open_db(self, name: bytes) -> Any:
+        """The handle of the named database ``name`` if it exists (opened in a write transaction
+        of its own, which LMDB needs for a handle to outlive it), else None."""
+        handle = self._storage.existing_db(name)
+        if handle is not None:
+            return handle
+        storage = self._storage
+
+        def open_existing(txn: lmdb.Transaction) -> Any:
+            try:
+                return storage.db(name, txn=txn, create=False)
+            except lmdb.NotFoundError:
+                return None
+
+        return await self.write_local(open_existing)
+
     def submit_local(self, fn: WriteFn, done: Done) -> None:
         """Queue a write of this node's own metadata (not replicated, not in the log): committed
         alone and LMDB flushed before ``done``; taken even while client writes are refused."""
@@ -273,7 +289,7 @@ class GroupCommitter:
                 if txn is None:
                     batch = await self._one_by_one(batch, started)
                 elif type(txn) is not RedoTxn and type(txn) is not UndoRedoTxn:
-                    _commit_unlogged(txn)
+                    self._commit_unlogged(txn)
                 elif await self._log_group(txn, batch, started, forced=first.lsn, forced_term=first.term):
                     return
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
@@ -305,18 +321,18 @@ class GroupCommitter:
         try:
             item.result = item.fn(txn)
         except BaseException as exc:
-            txn.abort()
+            self._abort(txn)
             item.error = _as_storage_error(exc)
             return
         async with self._log_free if self._log is not None else _nothing():
-            _commit_unlogged(txn)
+            self._commit_unlogged(txn)
             await trio.to_thread.run_sync(self._storage.sync)
 
     def _apply(self, batch: list[Write]) -> Any:
         """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
         txn = self._begin()
         if not self._queue.apply(txn, batch):
-            _abort(txn)
+            self._abort(txn)
             return None
         return txn
 
@@ -341,13 +357,13 @@ class GroupCommitter:
         raw = txn.txn
         if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
             async with self._log_free:
-                _commit_unlogged(raw)
+                self._commit_unlogged(raw)
             return False
         lsn = self._storage.lsn + 1
         term = self._storage.term
         if forced:
             if forced != lsn:
-                raw.abort()
+                self._abort(raw)
                 raise StorageError(f"replicated record {forced} does not follow this log's last record {lsn - 1}")
             term = forced_term
         self._storage.note_lsn(raw, lsn, term)
@@ -356,7 +372,7 @@ class GroupCommitter:
         await self._log_free.acquire()
         if self._broken is not None:
             self._log_free.release()
-            raw.abort()
+            self._abort(raw)
             raise self._broken
         if alone:
             try:
@@ -390,11 +406,13 @@ class GroupCommitter:
         try:
             wal.append(record)
         except OSError as exc:
-            raw.abort()
+            self._abort(raw)
             raise StorageError(f"cannot write the write-ahead log: {exc}") from exc
         try:
             raw.commit()
+            self._storage.txn_ended(True)
         except lmdb.Error as exc:
+            self._storage.txn_ended(False)
             try:
                 wal.cut_back(start)
             except OSError as cut:
@@ -465,12 +483,12 @@ class GroupCommitter:
                 item.result = item.fn(txn)
             except self._rejections as exc:
                 item.error = exc
-                _abort(txn)
+                self._abort(txn)
                 answer_now.append(item)
                 continue
             except Exception as exc:
                 item.error = _as_storage_error(exc)
-                _abort(txn)
+                self._abort(txn)
                 answer_now.append(item)
                 continue
             try:
@@ -482,7 +500,7 @@ class GroupCommitter:
                         self.quorum.durable(self._storage.lsn)
                         continue
                 else:
-                    _commit_unlogged(txn)
+                    self._commit_unlogged(txn)
             except StorageError as exc:
                 item.error = exc
             answer_now.append(item)
@@ -506,7 +524,7 @@ class GroupCommitter:
                 redo.replay(txn, undo, self._storage.open_logged, self._storage.forget_db)
             await self._log_group(txn, [], alone=True)
         except BaseException as exc:
-            _abort(txn)
+            self._abort(txn)
             self._broken = StorageError(f"the groups no quorum confirmed could not be taken back ({exc}); "
                                         "restart the server")
             log.error("%s", self._broken)
@@ -517,6 +535,18 @@ class GroupCommitter:
             for item in batch:
                 item.error = failure
             self._finish(list(reversed(batch)), started)
+
+    def _abort(self, txn: Any) -> None:
+        (txn.txn if isinstance(txn, RedoTxn) else txn).abort()
+        self._storage.txn_ended(False)
+
+    def _commit_unlogged(self, txn: lmdb.Transaction) -> None:
+        try:
+            txn.commit()
+        except lmdb.Error as exc:
+            self._storage.txn_ended(False)
+            raise StorageError(f"commit failed: {exc}") from exc
+        self._storage.txn_ended(True)
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -562,15 +592,6 @@ class _nothing:
         return None
 
 
-def _commit_unlogged(txn: lmdb.Transaction) -> None:
-    try:
-        txn.commit()
-    except lmdb.Error as exc:
-        raise StorageError(f"commit failed: {exc}") from exc
-
-
-def _abort(txn: Any) -> None:
-    (txn.txn if type(txn) is RedoTxn else txn).abort()
 
 
 def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:

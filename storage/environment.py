@@ -109,6 +109,7 @@ class Storage:
             raise StorageError(f"cannot open LMDB environment in {self.path}: {exc}") from exc
         self._dbs: dict[bytes, Any] = {}
         self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
+        self._opened: list[bytes] = []  # databases opened in the write transaction under way
         self._reader: lmdb.Transaction | None = None
         self.generation = 0  # bumped by every commit
         self.log: WriteAheadLog | None = None
@@ -213,21 +214,23 @@ class Storage:
                 handle = self.env.open_db(name, txn=txn, create=create)
             self._dbs[name] = handle
             self.names[handle] = name
+            if txn is not None:
+                self._opened.append(name)
         return handle
 
+    def txn_ended(self, committed: bool) -> None:
+        """The write transaction ended: the handles opened in it stay valid if it committed; if
+        it was aborted LMDB closed them, and they are forgotten here."""
+        if not committed:
+            for name in self._opened:
+                self.forget_db(name)
+        self._opened = []
+
     def existing_db(self, name: bytes) -> Any:
-        """The handle of the named database ``name`` if it exists (opened in a read transaction,
-        so safe while the group committer runs), else None."""
-        handle = self._dbs.get(name)
-        if handle is None:
-            with self.env.begin() as txn:
-                try:
-                    handle = self.env.open_db(name, txn=txn, create=False)
-                except lmdb.NotFoundError:
-                    return None
-            self._dbs[name] = handle
-            self.names[handle] = name
-        return handle
+        """The handle of the named database ``name`` if this process has opened it, else None
+        (:meth:`storage.commit.GroupCommitter.open_db` opens one: LMDB takes a new handle only
+        from a write transaction that commits)."""
+        return self._dbs.get(name)
 
     def open_logged(self, name: bytes | None, txn: Any, create: bool) -> Any:
         """A database's handle for replaying records into ``txn`` (a :class:`storage.redo.RedoTxn`,

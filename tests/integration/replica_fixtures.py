@@ -101,14 +101,22 @@ class Cluster:
         node = self.nodes[name]
         if node.proc is None or node.proc.poll() is not None:
             return None
-        try:
-            conn = self.connect(name, connect_now=True)
+        try:  # a stopped process accepts connections and never answers: time out
+            conn = self.connect(name, connect_now=True, socket_timeout=2, connection_timeout=2)
         except Exception:
             return None
         try:
             return conn.call("box.info").data[0]
         except Exception:
             return None
+        finally:
+            conn.close()
+
+    def rows(self, name: str, space: str = "kv") -> list[list]:
+        """Every tuple of a space on a node, sorted (a new connection each time)."""
+        conn = self.connect(name, socket_timeout=5, connection_timeout=2)
+        try:
+            return sorted(list(t) for t in conn.select(space, [], limit=10**7))
         finally:
             conn.close()
 

@@ -94,3 +94,88 @@ def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_
         conn.close()
     finally:
         cluster.stop()
+
+
+def test_writes_need_the_quorum_and_a_write_that_cannot_gather_it_is_not_applied(tmp_path):
+    """Quorum 2 of 3: with one follower stopped writes flow; with both stopped a write fails with
+    ER_SYNC_QUORUM_TIMEOUT after synchro_timeout_s and is applied nowhere, not even once the
+    followers are back."""
+    import time
+
+    cluster = Cluster(tmp_path, quorum=2, synchro_timeout_s=1.5)
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        first, second = cluster.followers(leader)
+        conn = cluster.connect(leader)
+        conn.replace("kv", [1, "both followers up"])
+        cluster.nodes[first].stop()
+        conn.replace("kv", [2, "one follower up"])
+        cluster.nodes[second].stop()
+        started = time.monotonic()
+        with pytest.raises(tarantool.DatabaseError) as err:
+            conn.replace("kv", [3, "no quorum"])
+        assert err.value.args[0] == 216, err.value.args  # ER_SYNC_QUORUM_TIMEOUT
+        assert 1.0 < time.monotonic() - started < 10
+        with pytest.raises(tarantool.DatabaseError) as err:
+            conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "no quorum either"])
+        assert err.value.args[0] == 216
+        assert conn.select("kv", [3]) == [] or list(conn.select("kv", [3])) == []
+        assert len(conn.select("queue", [], limit=10)) == 0
+        for name in (first, second):
+            cluster.nodes[name].start()
+        want = [[1, "both followers up"], [2, "one follower up"]]
+        for name in cluster.names:
+            c = cluster.connect(name)
+            cluster.wait_until(lambda c=c: sorted(list(t) for t in c.select("kv", [], limit=100)) == want,
+                               timeout=30, what=f"{name} holds exactly the acknowledged rows")
+            assert len(c.select("queue", [], limit=10)) == 0
+            c.close()
+        conn.replace("kv", [4, "quorum again"])
+        conn.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_leader_stopped_past_its_lease_acknowledges_nothing_more_and_rejoins(tmp_path):
+    """SIGSTOP the leader past its lease; a new leader takes writes; SIGCONT: the old leader
+    acknowledges nothing as leader, rejoins as a follower, and what it wrote alone is gone."""
+    import signal
+    import threading
+    import time
+
+    cluster = Cluster(tmp_path, quorum=2, synchro_timeout_s=2.0)
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        conn = cluster.connect(leader)
+        conn.replace("kv", [1, "before the stop"])
+        results: list = []
+
+        def write_to_the_paused_leader() -> None:  # sent while it is stopped, read once it runs
+            try:
+                results.append(conn.replace("kv", [666, "written to a deposed leader"]))
+            except Exception as exc:
+                results.append(exc)
+
+        cluster.nodes[leader].proc.send_signal(signal.SIGSTOP)
+        writer = threading.Thread(target=write_to_the_paused_leader)
+        writer.start()
+        try:
+            new = cluster.wait_for_leader(timeout=20, other_than=leader)
+            c = cluster.connect(new)
+            c.replace("kv", [2, "after the failover"])
+        finally:
+            cluster.nodes[leader].proc.send_signal(signal.SIGCONT)
+        writer.join(30)
+        assert results and isinstance(results[0], Exception), results  # never acknowledged
+        want = [[1, "before the stop"], [2, "after the failover"]]
+        for name in cluster.names:  # (the old leader restarts its listeners as a follower)
+            cluster.wait_until(lambda name=name: cluster.rows(name) == want, timeout=30,
+                               what=f"{name} holds exactly the acknowledged rows")
+        cluster.wait_until(lambda: cluster.info(leader)["ro"] is True, what="the old leader is a follower")
+        time.sleep(0.5)
+        assert cluster.leader() == new
+        c.close()
+    finally:
+        cluster.stop()
