@@ -244,8 +244,11 @@ class Server:
         assert rep is not None
         async with EtcdClient(list(rep.etcd.endpoints), timeout=max(1.0, rep.etcd.lease_ttl_s / 2)) as etcd:
             node = self.replica = ReplicaNode(rep, etcd, storage)
+            self.observed.replica = node
             async with trio.open_nursery() as nursery:
                 await nursery.start(node.election.run)
+                await node.publish_facades(self._facade_urls())
+                nursery.start_soon(node.follow_leader_facades)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                 first = True
@@ -361,7 +364,7 @@ class Server:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
                         facades_stop = (await self._start_facades(engine_nursery, facades) if role != FOLLOWER
-                                        else lambda: None)
+                                        else await self._start_follower_facades(facades))
                         async with trio.open_nursery() as connections:
                             with trio.CancelScope() as listening:
                                 async with trio.open_nursery() as listeners:
@@ -436,6 +439,39 @@ class Server:
     async def _connect_pool(self, space_name: str) -> None:
         """A Zaqar pool's space is one of the engine's Zaqar spaces."""
         await self.engine.own_space(space_name, self.engine.kinds["zaqar"])
+
+    def _facade_urls(self) -> dict[str, str]:
+        """Where this member's facades listen, as clients reach them."""
+        config = self.config
+        host = config.replication.peer.uri.host if config.replication is not None else "127.0.0.1"
+        urls = {}
+        for api, section, scheme in (("zaqar", config.zaqar, "http"), ("sonya", config.sonya, "http"),
+                                     ("deckard", config.deckard, "grpc"), ("metrics", config.metrics, "http")):
+            if section is not None:
+                listen = section.listen
+                shown = host if listen.host in ("0.0.0.0", "::") else listen.host
+                tls = getattr(section, "tls", None) is not None
+                urls[api] = f"{scheme}{'s' if tls and scheme == 'http' else ''}://{Address(shown, listen.port)}"
+        return urls
+
+    async def _start_follower_facades(self, facades: trio.Nursery) -> Callable[[], None]:
+        """A follower's Zaqar and Sonya: every request answered 503, naming the leader."""
+        from facades.asgi_serving import serve_asgi
+        from facades.follower import unavailable_app
+
+        stopping = trio.Event()
+        node = self.replica
+        for api, section, name in (("zaqar", self.config.zaqar, "Zaqar"), ("sonya", self.config.sonya, "Sonya")):
+            if section is None:
+                continue
+            app = unavailable_app(lambda api=api: node.leader_facade_url(api), api)
+            self.ports.extra[api] = await facades.start(
+                lambda task_status, app=app, section=section, name=name: serve_asgi(
+                    app, section.listen.host, section.listen.port, stopping, name=f"{name} (follower)",
+                    listening=http_listening(section), task_status=task_status,
+                )
+            )
+        return stopping.set
 
     async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> Callable[[], None]:
         """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
@@ -537,12 +573,13 @@ class Server:
                 lambda task_status: console.listen(admin.host, admin.port, connections, task_status=task_status)
             )
         deckard = self.config.deckard
-        if deckard is not None and self.deckard_space is not None and engine:
+        if deckard is not None and (self.deckard_space is not None or not engine):
             from facades.deckard.server import DeckardFacade  # grpcio loads only when served
 
+            node = self.replica
             facade = DeckardFacade(
                 self.engine,
-                self.deckard_space.id,
+                self.deckard_space.id if self.deckard_space is not None else 0,
                 deckard.listen.host,
                 deckard.listen.port,
                 default_ttl_minutes=deckard.default_ttl_minutes,
@@ -551,5 +588,6 @@ class Server:
                 tls=pem_files(deckard.tls) if deckard.tls is not None else None,
                 max_connections=deckard.max_connections,
                 meter=self.observed.meter("deckard"),
+                follower=None if engine else (lambda: node.leader_facade_url("deckard")),
             )
             self.ports.extra["deckard"] = await listeners.start(facade.run)

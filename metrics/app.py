@@ -1,5 +1,6 @@
 """The metrics listener: ``GET /metrics`` (Prometheus text format), the dashboard at ``/`` with its
-files, ``/api/snapshot`` (JSON) and ``/api/events`` (server-sent events, one snapshot a second).
+files, ``/api/snapshot`` (JSON), ``/api/events`` (server-sent events, one snapshot a second) and
+the health checks ``/health``, ``/health/leader`` and ``/health/replica``.
 
 Served through :func:`facades.asgi_serving.serve_asgi`, the one HTTP stack of the facades, so
 whatever that stack gains (TLS, connection limits) this listener has too.
@@ -24,12 +25,51 @@ from starlette.staticfiles import StaticFiles
 from facades.asgi_serving import PLAIN, Listening, serve_asgi
 from metrics.auth import BasicAuth
 from metrics.collector import BoxqueueCollector, tube_families
-from metrics.dashboard_data import PAGE_SIZE, Dashboard
-from metrics.observed import Observed
+from metrics.dashboard_data import PAGE_SIZE, Dashboard, upstream_of
+from metrics.observed import READY, Observed
 
 log = logging.getLogger(__name__)
 
 EVENT_INTERVAL_S = 1.0
+# Load balancers and orchestrators probe these without credentials, as they probe Patroni's.
+HEALTH_PATHS = frozenset({"/health", "/health/leader", "/health/replica"})
+# HAProxy's ``option httpchk`` sends OPTIONS unless told otherwise; Patroni answers all three.
+PROBE_METHODS = ["GET", "HEAD", "OPTIONS"]
+
+
+def health(o: Observed) -> tuple[dict[str, Any], bool, bool]:
+    """What ``/health`` says, and whether this node may take writes now (``/health/leader``) and
+    whether it follows a leader now (``/health/replica``), in the manner of Patroni's endpoints.
+
+    Neither holds until the server is ready: a starting leader still replays its log, a starting
+    follower has not connected yet. A leader also needs its writes open: a follower elected
+    leader keeps serving read-only for a moment while its leader incarnation starts, and a
+    balancer must not send it writes then. A node outside a replica set is its own leader
+    ("alone"). A follower counts as a replica only while its stream from the leader is up
+    ("follow"), not while it connects or loads a snapshot; ``lag_records`` lets a check go
+    further."""
+    ready = o.state == READY
+    writable = o.catalog is not None and o.catalog.writes.read_only_reason is None
+    node = o.replica
+    if node is None:
+        lsn = o.storage.lsn if o.storage is not None else None
+        body = {"role": "alone", "name": None, "term": None, "leader": None, "lsn": lsn,
+                "lag_records": 0, "lag_s": 0.0, "state": o.state}
+        return body, ready and writable, False
+    info = node.info()
+    election = info["election"]
+    role = election["state"]
+    up = upstream_of(info) if role == "follower" else None
+    if role == "leader":
+        lag_records, lag_s = 0, 0.0
+    elif up is not None:
+        lag_records, lag_s = up["lag_records"], up["lag"]
+    else:
+        lag_records = lag_s = None
+    body = {"role": role, "name": info["name"], "term": election["term"], "leader": election["leader_name"],
+            "lsn": info["lsn"], "lag_records": lag_records, "lag_s": lag_s, "state": o.state}
+    following = up is not None and up["status"] == "follow"
+    return body, ready and writable and role == "leader", ready and following
 
 
 class _Collected:
@@ -54,13 +94,28 @@ class MetricsApp:
     def asgi(self, access: Any = None, public: bool = False) -> Any:
         app = Starlette(routes=[
             Route("/metrics", self.metrics, methods=["GET", "HEAD"]),
+            Route("/health", self.health, methods=PROBE_METHODS),
+            Route("/health/leader", self.health_leader, methods=PROBE_METHODS),
+            Route("/health/replica", self.health_replica, methods=PROBE_METHODS),
             Route("/api/snapshot", self.snapshot, methods=["GET"]),
             Route("/api/events", self.events, methods=["GET"]),
             Mount("/", StaticFiles(packages=[("metrics", "dashboard")], html=True)),
         ])
         if access is None:
             return app
-        return BasicAuth(app, access, frozenset({"/metrics"}) if public else frozenset())
+        return BasicAuth(app, access, HEALTH_PATHS | ({"/metrics"} if public else set()))
+
+    async def health(self, request: Request) -> Response:
+        """Always 200 while the listener answers (a liveness check); the body says the rest."""
+        return JSONResponse(health(self.observed)[0])
+
+    async def health_leader(self, request: Request) -> Response:
+        body, leader, _replica = health(self.observed)
+        return JSONResponse(body, 200 if leader else 503)
+
+    async def health_replica(self, request: Request) -> Response:
+        body, _leader, replica = health(self.observed)
+        return JSONResponse(body, 200 if replica else 503)
 
     async def metrics(self, request: Request) -> Response:
         """The figures are read on the event loop (the tubes a thousand at a time, with a yield

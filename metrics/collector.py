@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from measures import Histogram
 from metrics.observed import APIS, READY, RECOVERING, STARTING, STOPPING, Observed
 from metrics.tube_rows import STATES, TubeRow, tube_rows, tube_rows_paced
+from replication.node import ELECTION_STATES
 from tubes.tube import TALLIES
 
 # Request types by name, as box.stat() and tnt_stats_op_total show them; PING, ID and the others
@@ -66,6 +67,7 @@ class BoxqueueCollector(Collector):
         yield from self._lua(o)
         yield from self._sonya(o)
         yield from self._plugged(o)
+        yield from replication_families(o)
 
     def read_totals(self) -> list[tuple[str, list[int]]]:
         o = self.observed
@@ -275,6 +277,64 @@ class BoxqueueCollector(Collector):
             yield GaugeMetricFamily(name, documentation, value=float(read()))
         for name, (documentation, read) in list(o.gauges.counters.items()):
             yield CounterMetricFamily(name, documentation, value=float(read()))
+
+
+def replication_families(o: Observed) -> Iterator[Metric]:
+    """The replica set's figures, named and labelled as tarantool/metrics names them
+    (``info.lua``, ``replicas.lua``), so that its Grafana dashboards and alerts read a boxqueue
+    replica set unchanged; nothing outside a replica set.
+
+    As in tarantool/metrics (>= 1.0) a stream's series skip this node's own entry, ``id`` is the
+    peer's replica id, ``tnt_replication_status`` is 1 only for "follow" (a stream connecting or
+    loading counts as down) and ``tnt_election_state`` is follower=0, candidate=1, leader=2, not
+    raft's wire values."""
+    node = o.replica
+    if node is None:
+        return
+    info = node.info()
+    election, queue = info["election"], info["synchro"]["queue"]
+    yield GaugeMetricFamily("tnt_info_lsn", "LSN of the last record in this node's log", value=info["lsn"])
+    vclock = GaugeMetricFamily("tnt_info_vclock", "This node's vclock, by replica id", labels=["id"])
+    for rid, lsn in sorted(info["vclock"].items()):
+        vclock.add_metric([str(rid)], lsn)
+    yield vclock
+    yield GaugeMetricFamily("tnt_read_only", "1 while this node refuses writes (box.info.ro)",
+                            value=1.0 if info["ro"] else 0.0)
+    lag = GaugeMetricFamily("tnt_replication_lag", "Seconds a replication stream is behind (upstream: "
+                            "this follower behind its leader; downstream: a follower behind this leader)",
+                            labels=["stream", "id"])
+    status = GaugeMetricFamily("tnt_replication_status", "1 while a replication stream's status is "
+                               "\"follow\", else 0", labels=["stream", "id"])
+    records = GaugeMetricFamily("boxqueue_replication_lag_records", "Log records a replication stream is "
+                                "behind", labels=["stream", "id", "name"])
+    for rid, entry in sorted(info["replication"].items()):
+        if rid == info["id"]:
+            continue
+        for stream in ("upstream", "downstream"):
+            figures = entry.get(stream)
+            if figures is None:
+                continue
+            lag.add_metric([stream, str(rid)], figures["lag"])
+            status.add_metric([stream, str(rid)], 1.0 if figures["status"] == "follow" else 0.0)
+            records.add_metric([stream, str(rid), entry["name"]], figures["lag_records"])
+    yield lag
+    yield status
+    yield records
+    yield GaugeMetricFamily("tnt_election_state", "This node's election state: follower=0, candidate=1, "
+                            "leader=2", value=ELECTION_STATES[election["state"]])
+    yield GaugeMetricFamily("tnt_election_term", "The election term this node knows",
+                            value=election["term"])
+    yield GaugeMetricFamily("tnt_election_vote", "Replica id this node voted for (0: none; the lease "
+                            "in etcd decides, nobody votes)", value=election["vote"])
+    yield GaugeMetricFamily("tnt_election_leader", "Replica id of the leader (0: none known)",
+                            value=election["leader"])
+    yield GaugeMetricFamily("tnt_election_leader_idle", "Seconds since this node last heard from the "
+                            "leader (0 on the leader)", value=election["leader_idle"])
+    yield GaugeMetricFamily("tnt_synchro_queue_owner", "Replica id owning the synchronous queue (the "
+                            "leader; 0 on a follower)", value=queue["owner"])
+    yield GaugeMetricFamily("tnt_synchro_queue_term", "Term of the synchronous queue", value=queue["term"])
+    yield GaugeMetricFamily("tnt_synchro_queue_len", "Writes waiting for their quorum",
+                            value=queue["len"])
 
 
 def lmdb_figures(storage: Any) -> dict[str, int]:

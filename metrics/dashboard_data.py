@@ -1,5 +1,6 @@
-"""The dashboard's figures as JSON: totals per API, storage, recent errors, a page of tubes, and a
-short history of totals for the plots (one sample a second, kept for ten minutes)."""
+"""The dashboard's figures as JSON: totals per API, storage, recent errors, a page of tubes, the
+replica set as this node sees it, and a short history of totals for the plots (one sample a
+second, kept for ten minutes)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,54 @@ def other_figures(o: Observed) -> dict[str, Any]:
     return out
 
 
+def upstream_of(info: dict[str, Any]) -> dict[str, Any] | None:
+    """A follower's stream from its leader (``upstream`` of the leader's entry in
+    ``box.info.replication``), None on a leader or before a follower has a leader."""
+    return next((e["upstream"] for e in info["replication"].values() if "upstream" in e), None)
+
+
+def replica_figures(o: Observed) -> dict[str, Any] | None:
+    """This node's election and every peer as this node sees it; None outside a replica set.
+
+    A peer's role is what this node can vouch for: the leader it follows or leads as, and, on the
+    leader, the followers whose stream is up; any other peer is "unknown" (a follower does not
+    see the other followers). A peer's lag is how far it is behind the leader, known on the
+    leader for every follower with a stream and on a follower for itself."""
+    node = o.replica
+    if node is None:
+        return None
+    info = node.info()
+    election = info["election"]
+    me, state, term, leader = info["name"], election["state"], election["term"], election["leader_name"]
+    up = upstream_of(info)
+    peers = []
+    for rid, entry in sorted(info["replication"].items()):
+        name = entry["name"]
+        stream = up if name == me and state != "leader" else entry.get("downstream")
+        if name == me:
+            role = state if state in ("leader", "follower") else "unknown"
+        elif name == leader:
+            role = "leader"
+        elif state == "leader" and stream is not None and stream["status"] == "follow":
+            role = "follower"
+        else:
+            role = "unknown"
+        if role == "leader":
+            lag_records, lag_s = 0, 0.0
+        elif stream is not None:
+            lag_records, lag_s = stream["lag_records"], stream["lag"]
+        else:
+            lag_records = lag_s = None
+        peers.append({"id": rid, "name": name, "self": name == me, "role": role,
+                      "term": None if role == "unknown" else term, "lsn": entry["lsn"],
+                      "status": stream["status"] if stream is not None else None,
+                      "message": stream.get("message") if stream is not None else None,
+                      "lag_records": lag_records, "lag_s": lag_s})
+    return {"id": info["id"], "name": me, "state": state, "term": term, "leader": leader,
+            "ro": info["ro"], "lsn": info["lsn"], "quorum": info["synchro"]["quorum"],
+            "queue_len": info["synchro"]["queue"]["len"], "peers": peers}
+
+
 def select_tubes(entries: list[Entry], query: str, sort: str, page: int, size: int) -> tuple[int, list[Entry]]:
     """The tubes whose ``space/tube`` contains ``query`` (any case), sorted, one page of them.
     Only the "oldest" order reads more than a tube's counts."""
@@ -186,6 +235,7 @@ class Dashboard:
             "errors": recent_errors(o),
             "tubes": {"all": all_tubes, "matching": matching, "page": max(page, 0), "size": size,
                       "rows": [r.as_json() for r in shown]},
+            "replica": replica_figures(o),
             **other_figures(o),
         }
         if with_history:

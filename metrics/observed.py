@@ -35,6 +35,7 @@ class Observed:
     broadcast: Any = None  # tubes.broadcast.Broadcast
     meters: dict[str, RequestMeter] = field(default_factory=dict)  # console, deckard, zaqar, sonya
     gauges: Gauges = field(default_factory=Gauges)  # figures other parts plug in (a WAL's, say)
+    replica: Any = None  # replication.node.ReplicaNode, in a replica set
 
     def meter(self, api: str) -> RequestMeter:
         """The meter of an API, made on first use."""

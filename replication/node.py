@@ -14,6 +14,8 @@ survive a failover.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from typing import Any
 
@@ -26,6 +28,8 @@ from replication.quorum import Quorum
 from replication.relay import Relays
 from storage.environment import Storage
 
+log = logging.getLogger(__name__)
+
 ELECTION_STATES = {"follower": 0, "candidate": 1, "leader": 2}  # tarantool/metrics' tnt_election_state
 
 
@@ -34,7 +38,9 @@ class ReplicaNode:
 
     def __init__(self, config: Any, etcd: EtcdClient, storage: Storage) -> None:
         self.config = config
+        self.etcd = etcd
         self.name = config.name
+        self.facade_urls: dict[str, dict[str, str]] = {}  # member -> its facades' URLs (from etcd)
         self.replica_id = config.replica_id(config.name)
         self.storage = storage
         self._changed = trio.Event()
@@ -71,6 +77,34 @@ class ReplicaNode:
 
     async def wait_for_change(self) -> None:
         await self._changed.wait()
+
+    # -- where the leader's facades are (a follower's facades name them) -------------------------
+
+    def _facades_key(self, name: str) -> bytes:
+        return f"{self.config.etcd.prefix}/facades/{name}".encode()
+
+    async def publish_facades(self, urls: dict[str, str]) -> None:
+        """This member's facade URLs (``{"zaqar": "http://...", ...}``), for the others to name."""
+        self.facade_urls[self.name] = urls
+        await self.etcd.put(self._facades_key(self.name), json.dumps(urls).encode())
+
+    async def follow_leader_facades(self) -> None:
+        """Keep the leader's facade URLs at hand (until cancelled)."""
+        while True:
+            leader = self.election.state.leader
+            if leader is not None and leader not in self.facade_urls:
+                try:
+                    kv = await self.etcd.get(self._facades_key(leader))
+                    self.facade_urls[leader] = json.loads(kv.value) if kv is not None else {}
+                except Exception as exc:  # etcd away, a value not ours: the header waits
+                    log.info("the leader's facades are not known yet: %s", exc)
+                    await trio.sleep(1)
+                    continue
+            await self.wait_for_change()
+
+    def leader_facade_url(self, api: str) -> str | None:
+        leader = self.election.state.leader
+        return None if leader is None else self.facade_urls.get(leader, {}).get(api)
 
     async def wait_until_not_leading(self, check_every: float = 0.05) -> None:
         """Until this node stops leading (deposed, resigned, or its lease in doubt)."""

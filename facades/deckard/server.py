@@ -15,6 +15,7 @@ trio and back, and cost more CPU per call (README, Deckard).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -27,6 +28,7 @@ from facades.deckard.generated import deckard_service_pb2 as pb
 from facades.deckard.metering import MeteringInterceptor
 from facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_handlers
 from facades.deckard.trio_bridge import TrioBridge
+from facades.follower import UnavailableService
 from measures import RequestMeter
 from tubes.engine import QueueEngine
 
@@ -61,7 +63,11 @@ class DeckardFacade:
         tls: PemFiles | None = None,
         max_connections: int | None = None,
         meter: RequestMeter | None = None,
+        follower: Callable[[], str | None] | None = None,
     ) -> None:
+        """``follower``: this node follows a replica set's leader (the callable names the
+        leader's Deckard address): every Deckard call is UNAVAILABLE (facades.follower)."""
+        self.follower = follower
         self.engine = engine
         self.space_id = space_id
         self.host = host
@@ -138,18 +144,23 @@ class DeckardFacade:
             interceptors=interceptors or None,
             maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
         )
-        service = DeckardService(
-            self.engine, self.space_id, bridge, default_ttl_minutes=self.default_ttl_minutes,
-            allow_flush=self.allow_flush,
-        )
-        server.add_generic_rpc_handlers((deckard_handlers(service),))
+        if self.follower is not None:
+            server.add_generic_rpc_handlers((UnavailableService(SERVICE_NAME, self.follower),))
+        else:
+            service = DeckardService(
+                self.engine, self.space_id, bridge, default_ttl_minutes=self.default_ttl_minutes,
+                allow_flush=self.allow_flush,
+            )
+            server.add_generic_rpc_handlers((deckard_handlers(service),))
         health_service = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection((*names, REFLECTION_V1), server)
         server.add_generic_rpc_handlers((_reflection_v1((*names, REFLECTION_V1)),))
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if self.follower is not None
+                  else health_pb2.HealthCheckResponse.SERVING)
         for name in ("", *names):
-            health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
+            health_service.set(name, status)
         return server, health_service
 
 

@@ -87,6 +87,7 @@ function render(data) {
   const dt = previous ? data.t - previous.t : 0;
   renderRecovery(data.storage.recovery);
   renderApis(data, dt);
+  renderReplica(data.replica);
   renderStorage(data, dt);
   plot($("plot-tasks"), $("legend-tasks"), TASK_SERIES.map(([name, color]) => ({
     name, color, values: rates(history, (p) => p.tasks[name]) })));
@@ -124,6 +125,41 @@ function renderApis(data, dt) {
     pairs.push(["requests", fmt(a.requests)]);
     box.append(card(api, pairs, "api-" + api));
   }
+}
+
+// The replica set as this node sees it (absent outside one): its own election, then every peer
+// with the role, term and lag this node can vouch for ("unknown" where it cannot see).
+function renderReplica(replica) {
+  const box = $("replica");
+  if (!replica) { box.hidden = true; return; }
+  box.hidden = false;
+  $("replica-summary").textContent = replica.leader
+    ? `(leader ${replica.leader}, term ${replica.term})` : `(no leader, term ${replica.term})`;
+  $("replica-node").replaceChildren(card("this node: " + replica.name, [
+    ["election state", replica.state], ["term", String(replica.term)], ["leader", replica.leader || "none"],
+    ["read only", replica.ro ? "yes" : "no"], ["lsn", String(replica.lsn)],
+    ["synchro quorum", String(replica.quorum)], ["awaiting quorum", fmt(replica.queue_len)]], "replica-card"));
+  const out = replica.peers.map((p) => {
+    const tr = document.createElement("tr");
+    tr.dataset.peer = p.name;
+    if (p.self) tr.className = "self";
+    const stream = p.status === null ? "stream-none" : p.status === "follow" ? "" : "stream-down";
+    const cells = [
+      [p.self ? p.name + " (this node)" : p.name, "name"], [String(p.id), "n id"], [p.role, "role role-" + p.role],
+      [p.term === null ? "–" : String(p.term), "n term"], [p.status || "–", "status " + stream],
+      [String(p.lsn), "n lsn"], [fmt(p.lag_records), "n lag-records"],
+      [p.lag_s === null ? "–" : duration(p.lag_s), "n lag"],
+    ];
+    for (const [text, cls] of cells) {
+      const td = document.createElement("td");
+      td.className = cls;
+      td.textContent = text;
+      tr.append(td);
+    }
+    if (p.message) tr.title = p.message;
+    return tr;
+  });
+  document.querySelector("#replica-peers tbody").replaceChildren(...out);
 }
 
 function renderStorage(data, dt) {

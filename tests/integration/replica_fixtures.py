@@ -40,6 +40,7 @@ class Cluster:
     heartbeat_s: float = 0.3
     synchro_timeout_s: float = 3.0
     extra: str = ""
+    facades: bool = False  # Zaqar, Sonya and Deckard on every node (ports in facade_ports)
     etcd: EtcdProcess = field(init=False)
     nodes: dict[str, ServerProcess] = field(init=False)
 
@@ -48,6 +49,7 @@ class Cluster:
         ports = free_ports(self.size)
         self.names = [f"n{i + 1}" for i in range(self.size)]
         self.ports = dict(zip(self.names, ports, strict=True))
+        self.facade_ports: dict[str, dict[str, int]] = {}
         self.nodes = {name: self._node(name) for name in self.names}
 
     def _peers(self) -> str:
@@ -55,8 +57,14 @@ class Cluster:
 
     def _node(self, name: str) -> ServerProcess:
         quorum = f"synchro_quorum = {self.quorum}\n" if self.quorum is not None else ""
+        facades = ""
+        if self.facades:
+            zaqar, sonya, deckard = free_ports(3)
+            self.facade_ports[name] = {"zaqar": zaqar, "sonya": sonya, "deckard": deckard}
+            facades = (f'[zaqar]\nlisten = "127.0.0.1:{zaqar}"\n[sonya]\nlisten = "127.0.0.1:{sonya}"\n'
+                       f'[deckard]\nlisten = "127.0.0.1:{deckard}"\n')
         config = (
-            f"{CLUSTER_SPACES}{QUEUE_SPACE_0}{self.extra}\n"
+            f"{CLUSTER_SPACES}{QUEUE_SPACE_0}{self.extra}\n{facades}"
             "[replication]\n"
             f'name = "{name}"\n'
             f"peers = [{self._peers()}]\n"
