@@ -334,7 +334,8 @@ class Server:
                 latency=Histogram() if config.metrics is not None else None,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
-            box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
+            queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
+            queue_procedures.standby = role == FOLLOWER
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):

@@ -154,7 +154,9 @@ def replica_figures(o: Observed) -> dict[str, Any] | None:
         else:
             lag_records = lag_s = None
         peers.append({"id": rid, "name": name, "self": name == me, "role": role,
-                      "term": None if role == "unknown" else term, "lsn": entry["lsn"],
+                      "term": None if role == "unknown" else term,
+                      # box.info says 0 for a peer this node has no stream with: not known here
+                      "lsn": entry["lsn"] if name == me or "upstream" in entry or "downstream" in entry else None,
                       "status": stream["status"] if stream is not None else None,
                       "message": stream.get("message") if stream is not None else None,
                       "lag_records": lag_records, "lag_s": lag_s})

@@ -171,12 +171,25 @@ class ReplicaNode:
 
 
 def register_procedures(procedures: Any, node: ReplicaNode) -> None:
-    """``boxqueue.leader_uris``: the leader's iproto URI in a list (empty while there is none),
-    the shape the ``tarantool`` connector's ``MeshConnection(cluster_discovery_function=...)``
-    reads, so that a client follows the leader through failovers."""
+    """``boxqueue.leader_uris``: the leader's iproto URI first, in a list (empty while there is
+    no leader), the shape the ``tarantool`` connector's
+    ``MeshConnection(cluster_discovery_function=...)`` reads, so that a client follows the leader
+    through failovers.
+
+    **Choice:** the other members' URIs follow the leader's (a follower leaves its own out).
+    MeshConnection replaces its whole address list with the answer and moves only when its
+    current address is not in it: with the leader's URI alone, a client would know no other
+    member once that leader died; with every member listed, a client left on a follower would
+    never move. So a follower's answer sends the client to the leader, and the leader's keeps
+    every member for the client to turn to when it fails."""
 
     def leader_uris(_ctx: Any) -> list[Any]:
         uri = node.leader_uri()
-        return [[uri] if uri is not None else []]
+        if uri is None:
+            return [[]]
+        leader = node.state.leader
+        others = [str(p.uri) for p in node.config.peers
+                  if p.name != leader and (p.name != node.name or node.leading())]
+        return [[uri, *others]]
 
     procedures.register("boxqueue.leader_uris", leader_uris)

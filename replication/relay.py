@@ -118,7 +118,7 @@ class Relays:
     def continues(self, lsn: int, term: int) -> bool:
         """Whether a follower whose last record is ``lsn`` of ``term`` can go on from there."""
         storage = self.storage
-        if lsn > storage.lsn:
+        if lsn > storage.lsn or lsn == 0 < storage.lsn:  # ahead of us, or empty: a copy
             return False
         if lsn > 0 and term_at(read_terms(storage), lsn) != term:
             return False
@@ -139,6 +139,9 @@ class Relays:
         down = self.downstream[name] = Downstream(name, uuid, acked=lsn, sent=lsn)
         key = object()
         self.history.reading(key, lsn + 1)
+        quorum = self.quorum()
+        if quorum is not None:  # it holds its log durably up to there (a copy's position, say)
+            quorum.ack(name, lsn)
         await io.send_all(rows.position(sync, self.replica_id, self.replicaset_uuid, self.vclock(),
                                         self.storage.lsn, self.term()))
         log.info("follower %s subscribed from LSN %d", name, lsn)

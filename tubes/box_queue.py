@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import msgpack
+
 from spaces.later import Later
 from spaces.procedures import CallContext, Procedures
-from tubes.engine import QueueEngine, proc_error
+from tubes.engine import QueueEngine, now_us, proc_error
 from tubes.kinds import BOX_QUEUE
 from tubes.numbers import tonumber
-from tubes.task import HEADER_FIELDS, TUBE_LAYOUT, TupleReader
+from tubes.task import HEADER_FIELDS, HUMAN, STATUS_ORDER, TUBE_LAYOUT, TupleReader
 
 TIMEOUT_INFINITY = 31_536_000
 US = 1_000_000
@@ -64,6 +66,9 @@ class BoxQueue:
         self.max_waiting_takes = max_waiting_takes  # per session: takes waiting for a task at once
         self._waiting: dict[int, int] = {}
         self._restart_checked: set[tuple[int, str]] = set()
+        # A follower's engine stands by (not recovered, its tasks not in memory): the verbs that
+        # change nothing read LMDB instead (the others are refused by the write gate).
+        self.standby = False
 
     def register(self, procedures: Procedures) -> None:
         writes = {
@@ -238,11 +243,54 @@ class BoxQueue:
     # -- reading -----------------------------------------------------------------------------
 
     def meta(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
+        if self.standby:
+            return [self._stored_meta(self._space(space, "meta"), task_id)]
         return [self.engine.meta(self._space(space, "meta"), task_id)]
 
     def peek(self, ctx: CallContext, space: Any = None, task_id: Any = None) -> list[Any]:
         space_id = self._space(space, "peek")
+        if self.standby:
+            return self._returned(space_id)(self._stored(space_id, task_id))
         return self._returned(space_id)(self.engine.peek(space_id, task_id))
+
+    # -- a follower's reads: from LMDB, its engine standing by ---------------------------------
+
+    def _stored(self, space_id: int, task_id: Any) -> bytes:
+        queue_space = self.engine.queue_space(space_id)
+        raw = queue_space.space.get(0, [task_id]) if isinstance(task_id, str) and not queue_space.layout.by_tube \
+            else None
+        if raw is None:
+            raise proc_error("Task not found")
+        return raw
+
+    def _stored_meta(self, space_id: int, task_id: Any) -> list[Any]:
+        fields = msgpack.unpackb(self._stored(space_id, task_id))
+        header = fields[:HEADER_FIELDS]
+        header[2] = HUMAN.get(header[2], header[2])
+        header[8] //= 1_000_000
+        header[9] //= 1_000_000
+        return [*header, now_us()]
+
+    def _stored_statistics(self, space_id: int | None, tube: str | None) -> list[Any]:
+        """A follower's statistics: the ``tasks.*`` figures of the tubes holding tasks, counted
+        in LMDB (the counters of calls belong to the process that served them: the leader's)."""
+        counts: dict[tuple[int, str], dict[str, int]] = {}
+        for sid, queue_space in sorted(self.engine.queue_spaces().items()):
+            if space_id is not None and sid != space_id or queue_space.layout.by_tube:
+                continue
+            for raw in queue_space.space.select(0, 0, [], 0, 1 << 62):
+                fields = msgpack.unpackb(raw)
+                if tube is not None and fields[1] != tube:
+                    continue
+                by_status = counts.setdefault((sid, fields[1]), dict.fromkeys(STATUS_ORDER, 0))
+                by_status[fields[2]] = by_status.get(fields[2], 0) + 1
+        out: list[Any] = []
+        for (sid, name), by_status in counts.items():
+            prefix = f"space{sid}.{name}.tasks."
+            out += [prefix + "total", sum(by_status.values())]
+            for status in STATUS_ORDER:
+                out += [prefix + HUMAN[status], by_status[status]]
+        return out
 
     def statistics(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:
         """One flat list; an unknown space or tube gives an empty one (D12, D15)."""
@@ -254,6 +302,8 @@ class BoxQueue:
             space_id = int(number)
         if tube is not None and not isinstance(tube, str):
             return [[]]
+        if self.standby:
+            return [self._stored_statistics(space_id, tube)]
         return [self.engine.statistics(space_id, tube)]
 
     def restart_check(self, ctx: CallContext, space: Any = None, tube: Any = None) -> list[Any]:

@@ -147,7 +147,7 @@ function renderReplica(replica) {
     const cells = [
       [p.self ? p.name + " (this node)" : p.name, "name"], [String(p.id), "n id"], [p.role, "role role-" + p.role],
       [p.term === null ? "–" : String(p.term), "n term"], [p.status || "–", "status " + stream],
-      [String(p.lsn), "n lsn"], [fmt(p.lag_records), "n lag-records"],
+      [p.lsn === null ? "–" : String(p.lsn), "n lsn"], [fmt(p.lag_records), "n lag-records"],
       [p.lag_s === null ? "–" : duration(p.lag_s), "n lag"],
     ];
     for (const [text, cls] of cells) {

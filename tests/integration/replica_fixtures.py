@@ -41,6 +41,7 @@ class Cluster:
     synchro_timeout_s: float = 3.0
     extra: str = ""
     facades: bool = False  # Zaqar, Sonya and Deckard on every node (ports in facade_ports)
+    wal_config: str = ""  # more [wal] keys
     etcd: EtcdProcess = field(init=False)
     nodes: dict[str, ServerProcess] = field(init=False)
 
@@ -74,7 +75,7 @@ class Cluster:
             f'endpoints = ["{self.etcd.endpoint}"]\nprefix = "/boxqueue/test"\nlease_ttl_s = {self.lease_ttl_s}\n'
         )
         return ServerProcess(self.workdir / name, extra_config=config, wal_mode="fsync", read_only=False,
-                             port=self.ports[name])
+                             port=self.ports[name], wal_config=self.wal_config)
 
     def add_node(self, name: str) -> ServerProcess:
         """A new member (every node's peers list is rewritten; restart them to take it)."""
@@ -82,6 +83,7 @@ class Cluster:
         self.ports[name] = free_ports(1)[0]
         self.nodes[name] = self._node(name)
         for n in self.names:
+            self.nodes[n].workdir.mkdir(parents=True, exist_ok=True)
             self.nodes[n].write_config()
         return self.nodes[name]
 

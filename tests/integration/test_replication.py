@@ -21,13 +21,21 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
     conn = cluster.connect(leader)
     for i in range(50):
         conn.replace("kv", [i, f"value {i}"])
-    conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "a task"])
+    task_id = conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "a task"]).data[0][0]
     conn.close()
     for follower in cluster.followers(leader):
         f = cluster.connect(follower)
         cluster.wait_until(lambda f=f: len(f.select("kv", [], limit=100)) == 50, what=f"{follower} has the rows")
         assert [list(t) for t in f.select("kv", [7])] == [[7, "value 7"]]
         assert len(f.select("queue", [], limit=10)) == 1
+        # the queue verbs that change nothing read the follower's copy
+        assert f.call("box.queue.peek", [0, task_id]).data == [[task_id, "jobs", "ready", "a task"]]
+        meta = f.call("box.queue.meta", [0, task_id]).data[0]
+        assert meta[:3] == [task_id, "jobs", "ready"] and len(meta) == 13
+        stats = f.call("box.queue.statistics", [0, "jobs"]).data[0]
+        assert dict(zip(stats[::2], stats[1::2], strict=True))["space0.jobs.tasks.ready"] == 1
+        with pytest.raises(tarantool.DatabaseError):
+            f.call("box.queue.peek", [0, "no such task"])
         with pytest.raises(tarantool.DatabaseError) as err:
             f.replace("kv", [1000, "no"])
         assert err.value.args[0] == 7  # ER_READONLY
@@ -37,7 +45,8 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
         info = f.call("box.info").data[0]
         assert info["ro"] is True and info["election"]["state"] == "follower"
         assert info["election"]["leader_name"] == leader
-        assert f.call("boxqueue.leader_uris").data[0] == [f"127.0.0.1:{cluster.ports[leader]}"]
+        other = next(n for n in cluster.followers(leader) if n != follower)
+        assert f.call("boxqueue.leader_uris").data[0] == [f"127.0.0.1:{cluster.ports[n]}" for n in (leader, other)]
         f.close()
     info = cluster.info(leader)
     assert info["ro"] is False and info["election"]["state"] == "leader"
@@ -262,5 +271,84 @@ def test_a_followers_facades_send_every_call_to_the_leader(tmp_path):
         posted = httpx.post(f"{lz}/v1.1/queues/q/messages", headers=headers,
                             json={"messages": [{"ttl": 60, "body": "x"}]})
         assert posted.status_code == 201
+    finally:
+        cluster.stop()
+
+
+def test_a_new_empty_node_joins_from_a_copy_and_catches_up_under_load(tmp_path):
+    import threading
+
+    cluster = Cluster(tmp_path, quorum=2, wal_config="checkpoint_interval_s = 0.2")
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        conn = cluster.connect(leader)
+        for i in range(2000):
+            conn.replace("kv", [i, "x" * 500])
+        stop = threading.Event()
+
+        def produce() -> None:
+            c = cluster.connect(leader)
+            i = 10**6
+            while not stop.is_set():
+                c.replace("kv", [i, "under load"])
+                i += 1
+            c.close()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            new = cluster.add_node("n4")
+            new.start()
+            cluster.wait_until(lambda: cluster.info("n4")["election"]["leader_name"] == leader, timeout=30,
+                               what="the new node follows the leader")
+        finally:
+            stop.set()
+            producer.join(30)
+        rows = cluster.rows(leader)
+        assert len(rows) > 2000
+        cluster.wait_until(lambda: cluster.rows("n4") == rows, timeout=60, what="the new node has the leader's data")
+        assert "taking a fresh copy" in new.log()
+        conn.close()
+    finally:
+        cluster.stop()
+
+
+def test_mesh_connection_follows_the_leader_through_a_failover(tmp_path):
+    """The connector's MeshConnection with boxqueue.leader_uris as its discovery function: a
+    producer that retries its failed writes keeps working through a kill -9 of the leader."""
+    import time
+
+    cluster = Cluster(tmp_path, quorum=2)
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        mesh = tarantool.MeshConnection(
+            addrs=[{"host": "127.0.0.1", "port": cluster.ports[n]} for n in cluster.names],
+            cluster_discovery_function="boxqueue.leader_uris", cluster_discovery_delay=0.3,
+            connect_now=True, socket_timeout=3,
+        )
+        acked: list[int] = []
+        killed_at = None
+        deadline = time.monotonic() + 60
+        i = 0
+        while time.monotonic() < deadline:
+            if killed_at is None and len(acked) >= 200:
+                cluster.nodes[leader].kill()
+                killed_at = time.monotonic()
+            if killed_at is not None and len(acked) >= 600:
+                break
+            try:
+                mesh.replace("kv", [i, f"v{i}"])
+            except (tarantool.error.NetworkError, tarantool.error.DatabaseError):
+                time.sleep(0.1)  # a follower's refusal or the dead leader: discovery moves on
+                continue
+            acked.append(i)
+            i += 1
+        assert killed_at is not None and len(acked) >= 600, len(acked)
+        new = cluster.wait_for_leader(other_than=leader)
+        have = {row[0] for row in cluster.rows(new)}
+        assert not [k for k in acked if k not in have]
+        mesh.close()
     finally:
         cluster.stop()

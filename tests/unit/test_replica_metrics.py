@@ -339,6 +339,8 @@ def test_dashboard_replica_on_a_follower():
         ("n2", "follower", 5, 20, 0.25, "follow"),  # itself: its own stream from the leader
         ("n3", "unknown", None, None, None, None),  # a follower does not see the other followers
     ]
+    lsns = [p["lsn"] for p in Dashboard(observed(follower_info())).snapshot()["replica"]["peers"]]
+    assert lsns == [120, 100, None]
 
 
 def test_dashboard_replica_on_a_candidate():
