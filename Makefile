@@ -8,7 +8,7 @@ ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc run test test-pure fuzz soak lint bench clean
+.PHONY: install build check-cc run cluster test test-pure fuzz soak lint bench clean
 
 install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) build
 
@@ -59,6 +59,10 @@ $(ZAQARCLIENT_STAMP): $(STAMP)
 
 run: install
 	$(BIN)/boxqueue serve --config conf/boxqueue.toml
+
+# etcd and a replica set of three on loopback (conf/cluster/), until Ctrl-C.
+cluster: install
+	conf/cluster/start.sh
 
 test: install
 	$(BIN)/python -m pytest

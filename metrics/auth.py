@@ -3,7 +3,8 @@
 The server keeps SHA1(SHA1(password)) of each user (``spaces.access``), so a password sent with
 basic auth is checked by hashing it the same way and comparing the digests in constant time. With
 ``[[users]]`` configured, the dashboard and ``/metrics`` need a user with ``read`` on the
-universe; ``metrics.public = true`` exempts ``/metrics`` (for scrapers).
+universe; ``metrics.public = true`` exempts ``/metrics`` (for scrapers), and the health checks
+(``/health``, ``/health/leader``, ``/health/replica``) are always open (load balancers probe them).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ so a typo fails at planning time with the option's name rather than inside an ex
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import BoxqueueSourceError
 
@@ -56,10 +56,20 @@ class SourceOptions:
     partitions: int | None
     rows_per_partition: int
     connect_timeout: float
+    # ``read_from``: members to read from instead of ``uri`` (a replica set's followers, so that
+    # bulk reads leave the leader alone); writes always go to ``uri``.
+    read_from: tuple[tuple[str, int], ...] = ()
 
     @property
     def uri(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def reading(self, choice: int = 0) -> SourceOptions:
+        """The options a read connects with: one of ``read_from`` (by ``choice``), else these."""
+        if not self.read_from:
+            return self
+        host, port = self.read_from[choice % len(self.read_from)]
+        return replace(self, host=host, port=port)
 
 
 def parse_uri(uri: str) -> tuple[str, int]:
@@ -106,4 +116,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         partitions=_int(options, "partitions", 1) if partitions not in (None, "") else None,
         rows_per_partition=_int(options, "rows_per_partition", 250_000),
         connect_timeout=timeout,
+        read_from=tuple(parse_uri(part) for part in str(options.get("read_from") or "").split(",") if part.strip()),
     )

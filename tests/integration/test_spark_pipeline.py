@@ -389,3 +389,15 @@ def test_examples_load_files_export_a_space_and_report_per_tube(spark, uri, conn
     assert (rows["imports"].tasks, rows["imports"].ready, rows["imports"].taken) == (100, 95, 5)
     assert (rows["csv_in"].tasks, rows["csv_in"].ready, rows["csv_in"].done) == (50, 50, 0)
     assert 0 <= rows["imports"].age_p50_s <= rows["imports"].age_p99_s < 600
+
+
+def test_reads_go_to_read_from_and_leave_uri_alone(spark, uri):
+    """``read_from`` names the members to read from (a replica set's followers): describing,
+    planning and every partition's read go there; ``uri`` (the leader) is not even reachable here."""
+    from tests.serverproc import free_port
+
+    write(spark.range(3000).selectExpr("id", "concat('n', id) as name"), uri, mode="overwrite", space="archive")
+    unreachable = f"127.0.0.1:{free_port()}"
+    frame = read(spark, unreachable, "archive", read_from=f"{uri},{uri}", partitions="3", batch_size="500")
+    assert frame.rdd.getNumPartitions() == 3
+    assert sorted(row.id for row in frame.select("id").collect()) == list(range(3000))

@@ -28,7 +28,7 @@ LONG = os.environ.get("BOXQUEUE_SOAK", "") == "long"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    ports = {name: free_port() for name in ("zaqar", "sonya", "deckard", "metrics")}
+    ports = {name: free_port() for name in ("zaqar", "sonya", "deckard", "metrics", "admin")}
     config = (
         f'[zaqar]\nlisten = "127.0.0.1:{ports["zaqar"]}"\n'
         f'[sonya]\nlisten = "127.0.0.1:{ports["sonya"]}"\nlongpoll_max_wait_s = 1\n'
@@ -37,7 +37,7 @@ def server(tmp_path_factory):
         f"{traffic.SOAK_CONFIG}{QUEUE_SPACE_0}"
     )
     proc = ServerProcess(tmp_path_factory.mktemp("soak"), extra_config=config, wal_mode="write",
-                         admin_port=free_port())
+                         admin_port=ports.pop("admin"))
     proc.start()
     proc.ports = ports
     yield proc

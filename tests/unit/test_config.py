@@ -898,3 +898,77 @@ def test_security_mistakes_name_the_key(tmp_path: Path) -> None:
     assert error(tmp_path, '[deckard]\ntoken = "has space"\n') == (
         "x.toml:2: deckard.token must be non-empty visible ASCII (it is sent in a header)")
     assert error(tmp_path, '[sonya]\nmax_connections = 0\n') == "x.toml:2: sonya.max_connections must be at least 1, not 0"
+
+
+# specs/config.md's [replication] example (the contract's names), for an instance listening where
+# its entry in peers says.
+REPLICATION_EXAMPLE = """\
+[iproto]
+listen = "127.0.0.1:3301"
+
+[[users]]
+name = "replicator"
+password = "..."
+grants = [{ privileges = ["read"], object_type = "universe" }]
+
+[replication]
+name = "n1"
+peers = [
+  { name = "n1", uri = "127.0.0.1:3301" },
+  { name = "n2", uri = "127.0.0.1:3302" },
+  { name = "n3", uri = "127.0.0.1:3303" },
+]
+user = "replicator"
+password = "..."
+synchro_quorum = 2
+synchro_timeout_s = 5.0
+heartbeat_s = 1.0
+
+[replication.etcd]
+endpoints = ["127.0.0.1:2379"]
+prefix = "/boxqueue/main"
+lease_ttl_s = 3
+"""
+
+
+def test_the_replication_section(tmp_path: Path) -> None:
+    from boxqueue.config import EtcdConfig, PeerConfig
+
+    rep = load(tmp_path, REPLICATION_EXAMPLE).replication
+    assert rep is not None
+    assert rep.name == "n1" and rep.peer == PeerConfig("n1", Address("127.0.0.1", 3301))
+    assert [p.name for p in rep.peers] == ["n1", "n2", "n3"] and rep.replica_id("n3") == 3
+    assert (rep.synchro_quorum, rep.synchro_timeout_s, rep.heartbeat_s) == (2, 5.0, 1.0)
+    assert (rep.user, rep.password) == ("replicator", "...")
+    assert rep.etcd == EtcdConfig(("127.0.0.1:2379",), "/boxqueue/main", 3)
+    assert load(tmp_path, "").replication is None
+    # the quorum's default: a majority of the peers
+    five = REPLICATION_EXAMPLE.replace("synchro_quorum = 2\n", "").replace(
+        '  { name = "n3", uri = "127.0.0.1:3303" },\n',
+        '  { name = "n3", uri = "127.0.0.1:3303" },\n  { name = "n4", uri = "h4:1" },\n  { name = "n5", uri = "h5:1" },\n')
+    assert load(tmp_path, five).replication.synchro_quorum == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    (('name = "n1"', 'name = "n9"'), 'replication.name "n9" is not one of replication.peers'),
+    (("synchro_quorum = 2", "synchro_quorum = 4"), "replication.synchro_quorum 4 is more than the 3 peers"),
+    (('user = "replicator"', 'user = "nobody"'), 'replication.user "nobody" is not one of [[users]]'),
+    (('password = "..."\nsynchro', 'synchro'), "replication.user needs replication.password"),
+    (('prefix = "/boxqueue/main"', 'prefix = "boxqueue/"'), "replication.etcd.prefix must start with '/'"),
+    (('lease_ttl_s = 3', 'lease_ttl_s = 1'), "lease_ttl_s"),
+    (('heartbeat_s = 1.0', 'heartbeat_every = 1.0'), "unknown key 'heartbeat_every'"),
+    (('{ name = "n2", uri = "127.0.0.1:3302" }', '{ name = "n1", uri = "127.0.0.1:3302" }'), 'duplicate peer name "n1"'),
+    (('listen = "127.0.0.1:3301"', 'listen = "127.0.0.1:4401"'), "is not its [iproto] listen address"),
+])
+def test_replication_mistakes_are_named(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    text = REPLICATION_EXAMPLE.replace(*change, 1)
+    assert text != REPLICATION_EXAMPLE
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, text)
+    assert message in str(err.value)
+
+
+def test_a_replica_set_needs_the_write_ahead_log(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, REPLICATION_EXAMPLE + '\n[wal]\nmode = "write"\n')
+    assert '[wal] mode must be "fsync"' in str(err.value)
