@@ -119,11 +119,13 @@ class GroupCommitter:
         """Queue a record received from the leader: applied and logged alone, as record ``lsn`` of
         ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable."""
         ops = redo.decode(payload)
+        storage = self._storage
 
         def apply(txn: RedoTxn) -> None:
-            redo.replay(txn, ops, self._storage.open_logged)
+            # Into the bare transaction: the record is logged as it came, not noted again.
+            redo.replay(txn.txn, ops, storage.open_logged, storage.forget_db)
 
-        self._queue.submit_special(apply, done, lsn, term, False)
+        self._queue.submit_special(apply, done, lsn, term, False, payload)
 
     async def reset_log(self, lsn: int, term: int) -> None:
         """After a fresh copy (see :meth:`storage.environment.Storage.reset_log`), between groups."""
@@ -367,7 +369,7 @@ class GroupCommitter:
                 raise StorageError(f"replicated record {forced} does not follow this log's last record {lsn - 1}")
             term = forced_term
         self._storage.note_lsn(raw, lsn, term)
-        payload = txn.encode()
+        payload = batch[0].payload if forced else txn.encode()
         record = encode_record(lsn, payload, term)
         await self._log_free.acquire()
         if self._broken is not None:
@@ -494,7 +496,7 @@ class GroupCommitter:
             try:
                 if type(txn) is RedoTxn or type(txn) is UndoRedoTxn:
                     before = self._storage.lsn
-                    await self._log_group(txn, [item], alone=True)
+                    await self._log_group(txn, [item], alone=True, forced=item.lsn, forced_term=item.term)
                     if type(txn) is UndoRedoTxn and self.quorum is not None and self._storage.lsn > before:
                         self._awaiting.append((self._storage.lsn, [item], started, txn.undo_ops()))
                         self.quorum.durable(self._storage.lsn)

@@ -10,6 +10,7 @@ cdef class Write:
     cdef public unsigned long long lsn
     cdef public unsigned long long term
     cdef public bint local
+    cdef public object payload
 
 cdef class WriteQueue:
     cdef public list pending

@@ -38,6 +38,7 @@ class Write:
         self.lsn = 0  # a replicated record's own LSN (alone in its group), else 0
         self.term = 0  # ... and its term
         self.local = False  # this node's own metadata: committed unlogged and flushed, never replicated
+        self.payload = None  # a replicated record's payload, logged as it came
 
 
 @cython.cclass
@@ -69,7 +70,7 @@ class WriteQueue:
             wakeup.set()
 
     def submit_special(self, fn: Callable[[Any], Any], done: Done, lsn: cython.ulonglong, term: cython.ulonglong,
-                       local: cython.bint) -> None:
+                       local: cython.bint, payload: object = None) -> None:
         """Queue a write alone in its group: a replicated record (``lsn``, ``term``) or this node's
         own metadata (``local``)."""
         if self.closed:
@@ -78,6 +79,7 @@ class WriteQueue:
         item.lsn = lsn
         item.term = term
         item.local = local
+        item.payload = payload
         self.pending.append(item)
         wakeup = self.wakeup
         if wakeup is not None:

@@ -8,6 +8,7 @@ data="$here/data"
 mkdir -p "$data"
 pids=""
 stop() {
+    trap - EXIT INT TERM
     for pid in $pids; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     echo "stopped; data and logs are in $data"
