@@ -231,6 +231,16 @@ class Setup:
         node = self.single if self.single is not None else self.cluster.nodes[self.leader]  # type: ignore[union-attr,index]
         return node.proc.pid if node.proc is not None else None
 
+    def pids(self) -> list[int]:
+        """Every member's process (the single node's alone)."""
+        nodes = [self.single] if self.single is not None else list(self.cluster.nodes.values())  # type: ignore[union-attr]
+        return [n.proc.pid for n in nodes if n is not None and n.proc is not None]
+
+    def cpu_s(self) -> tuple[float, float]:
+        """CPU seconds so far: the leader's (or the single node's), and every member's together."""
+        own = queue_cycle.process_cpu_s(self.pid) if self.pid is not None else 0.0
+        return own, sum(queue_cycle.process_cpu_s(pid) for pid in self.pids())
+
     def ports(self) -> dict[str, int]:
         if self.single is not None:
             return {"single": self.single.port}
@@ -403,6 +413,7 @@ def run_setup(setup: Setup, parts: set[str], args: argparse.Namespace, results: 
                      f"p99 {m.p99_ms:.3f} ms  errors {m.errors}{'  ' + m.failure if m.failure else ''}")
     if wants_replace:
         setup.wait_caught_up()
+        cpu_before = setup.cpu_s()
         sample = "lag" in parts and setup.cluster is not None and setup.leader is not None
         if sample:
             with LagSampler(setup.ports(), setup.leader) as sampler:  # type: ignore[arg-type]
@@ -419,18 +430,22 @@ def run_setup(setup: Setup, parts: set[str], args: argparse.Namespace, results: 
         else:
             m = iproto_load.measure(setup.name, setup.port, "replace", "fsync", largs, setup.pid)
         results[("replace", setup.name)] = m
+        results[("set cpu", "replace", setup.name)] = set_cpu_us(m.server_us, cpu_before, setup.cpu_s())
         progress(f"[{setup.name}] replace {m.rps:>10,.0f} rps  p50 {m.p50_ms:.3f} ms  "
                  f"p99 {m.p99_ms:.3f} ms  errors {m.errors}{'  ' + m.failure if m.failure else ''}")
     if "queue" in parts:
         qargs = queue_args(args)
         setup.wait_caught_up()
+        cpu_before = setup.cpu_s()
         m = queue_cycle.measure(setup.port, "fsync", qargs, setup.pid, "ours")
+        cpu_after = setup.cpu_s()
         try:
             m.server = queue_cycle.settled_statistics(setup.port)
         except (OSError, ProtocolError) as exc:
             m.server = queue_cycle.QueueStats(error=f"statistics failed: {exc}")
         queue_cycle.check_server(m, qargs)
         results[("queue", setup.name)] = m
+        results[("set cpu", "queue", setup.name)] = set_cpu_us(m.server_cpu_us_per_task, cpu_before, cpu_after)
         progress(f"[{setup.name}] queue   {m.tasks_per_s:>10,.0f} tasks/s  put p50 {m.put_p50_ms:.2f} ms  "
                  f"take p50 {m.take_p50_ms:.2f} ms  errors {m.errors}{'  ' + m.failure if m.failure else ''}")
     if setup.single is not None:
@@ -439,6 +454,14 @@ def run_setup(setup: Setup, parts: set[str], args: argparse.Namespace, results: 
         alive = all(n.proc is not None and n.proc.poll() is None for n in setup.cluster.nodes.values())  # type: ignore[union-attr]
     if not alive:
         raise RuntimeError(f"a server exited during the run\n{setup.log_tails()}")
+
+
+def set_cpu_us(leader_us: float, before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Every member's CPU per op: the leader's per op in the measured window, scaled by the share
+    the whole set used against the leader over the whole load (warm-up included: the generators
+    report ops for the window only)."""
+    own, every = after[0] - before[0], after[1] - before[1]
+    return leader_us * every / own if own > 0 else float("nan")
 
 
 def load_status(m: Any) -> str:
@@ -467,7 +490,8 @@ def print_throughput(results: dict[str, Any], args: argparse.Namespace, report: 
             rows.append([
                 workload, label, "-" if quorum is None else str(quorum),
                 f"{rate:,.0f}", fmt_ratio(ratio(rate, base_rate)) if name != "single" else "1.00x",
-                f"{p50:.2f}", f"{p99:.2f}", f"{cpu:.0f}", str(m.errors), load_status(m),
+                f"{p50:.2f}", f"{p99:.2f}", f"{cpu:.0f}", f"{results.get(('set cpu', workload, name), float('nan')):.0f}",
+                str(m.errors), load_status(m),
             ])
             if m.errors or m.failure or getattr(m, "server_mismatch", None):
                 detail = m.failure or getattr(m, "server_mismatch", None) or "; ".join(m.error_samples)
@@ -481,11 +505,12 @@ def print_throughput(results: dict[str, Any], args: argparse.Namespace, report: 
         f"replica sets: lease_ttl_s {args.lease_ttl}, heartbeat_s {args.heartbeat:g}, "
         f"synchro_timeout_s {SYNCHRO_TIMEOUT_S:g}",
         ["workload", "setup", "quorum", "ops/s", "vs single", "p50 ms", "p99 ms", "leader cpu us/op",
-         "errors", "status"],
+         "set cpu us/op", "errors", "status"],
         rows,
         notes + ["ops/s: replaces/s, or tasks acked/s for queue (3 writes each: put, take, ack); "
                  "p50/p99: replace latency, or put latency for queue; leader cpu: the leader's (or the "
-                 "single node's) CPU time per op over the window",
+                 "single node's) CPU time per op over the window; set cpu: every member's together "
+                 "(the leader's per op, scaled by the whole set's CPU over the leader's during the load)",
                  "all three nodes of a set run on this machine: followers take CPU from the leader"],
     )
 

@@ -95,7 +95,9 @@ class CopyWriter:
         self.committer = committer
 
     async def begin(self) -> None:
-        """Mark the copy in progress, then remove every database but this node's own."""
+        """Mark the copy in progress, then empty every database but this node's own. Emptied, not
+        deleted: the handles this process holds (the catalogue's, every space's) stay valid, where
+        a deleted database's handle could come to name another one."""
         storage = self.storage
         names = database_names(storage)
 
@@ -103,11 +105,9 @@ class CopyWriter:
             txn.put(COPY_MARK, b"1", db=storage.local_db)
             for name in names:
                 handle = storage.env.open_db(name, txn=txn, create=False)
-                txn.drop(handle, delete=True)
+                txn.drop(handle, delete=False)
 
         await self.committer.write_local(wipe)
-        for name in names:
-            storage.forget_db(name)
 
     async def chunk(self, payload: bytes) -> None:
         ops = redo.decode(payload)

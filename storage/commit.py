@@ -292,7 +292,7 @@ class GroupCommitter:
                     batch = await self._one_by_one(batch, started)
                 elif type(txn) is not RedoTxn and type(txn) is not UndoRedoTxn:
                     self._commit_unlogged(txn)
-                elif await self._log_group(txn, batch, started, forced=first.lsn, forced_term=first.term):
+                elif await self._log_group(txn, batch, started, forced=first.lsn != 0):
                     return
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
             for item in batch:
@@ -351,26 +351,33 @@ class GroupCommitter:
 
     async def _log_group(
         self, txn: RedoTxn, batch: list[Write], started: float = 0.0, *, alone: bool = False,
-        forced: int = 0, forced_term: int = 0,
+        forced: bool = False,
     ) -> bool:
         """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
         flusher answers it. ``alone``: append, commit and flush here, and let the caller answer.
-        ``forced``: a record received from the leader, which keeps its LSN and term."""
+        ``forced``: records received from the leader, which keep their LSNs and terms."""
         raw = txn.txn
         if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
             async with self._log_free:
                 self._commit_unlogged(raw)
             return False
         lsn = self._storage.lsn + 1
-        term = self._storage.term
-        if forced:
-            if forced != lsn:
-                self._abort(raw)
-                raise StorageError(f"replicated record {forced} does not follow this log's last record {lsn - 1}")
-            term = forced_term
+        if forced:  # records from the leader, logged as they came, one after the other
+            fed = []
+            for item in batch:
+                if item.lsn != lsn:
+                    self._abort(raw)
+                    raise StorageError(f"replicated record {item.lsn} does not follow this log's last record {lsn - 1}")
+                fed.append((lsn, item.term, item.payload))
+                lsn += 1
+            lsn -= 1
+            record = b"".join([encode_record(one_lsn, payload, one_term) for one_lsn, one_term, payload in fed])
+        else:
+            payload = txn.encode()
+            fed = [(lsn, self._storage.term, payload)]
+            record = encode_record(lsn, payload, self._storage.term)
+        term = fed[-1][1]
         self._storage.note_lsn(raw, lsn, term)
-        payload = batch[0].payload if forced else txn.encode()
-        record = encode_record(lsn, payload, term)
         await self._log_free.acquire()
         if self._broken is not None:
             self._log_free.release()
@@ -381,21 +388,23 @@ class GroupCommitter:
                 await trio.to_thread.run_sync(self._write_group, raw, record, lsn, None)
             finally:
                 self._log_free.release()
-            self._fed(lsn, term, payload)
+            self._fed(fed)
             return False
         committed = trio.Event()
         undo = txn.undo_ops() if type(txn) is UndoRedoTxn and not forced else None
-        self._flushing = (raw, record, lsn, batch, committed, started, term, payload, undo)
+        self._flushing = (raw, record, lsn, batch, committed, started, fed, undo)
         self._flush_wanted.set()
         await committed.wait()
         return True
 
-    def _fed(self, lsn: int, term: int, payload: bytes) -> None:
+    def _fed(self, records: list[tuple[int, int, bytes]]) -> None:
+        """Tell the replication feed of a group's records: (lsn, term, payload) each."""
         if self.feed is not None:
-            try:
-                self.feed(lsn, term, payload)
-            except Exception:
-                log.exception("the replication feed failed on record %d", lsn)
+            for lsn, term, payload in records:
+                try:
+                    self.feed(lsn, term, payload)
+                except Exception:
+                    log.exception("the replication feed failed on record %d", lsn)
 
     def _write_group(
         self, raw: lmdb.Transaction, record: bytes, lsn: int, committed: Callable[[], None] | None
@@ -443,12 +452,11 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed, started, term, payload, undo = group
+                raw, record, lsn, batch, committed, started, fed, undo = group
 
-                def in_lmdb(committed: trio.Event = committed, lsn: int = lsn, term: int = term,
-                            payload: bytes = payload) -> None:
+                def in_lmdb(committed: trio.Event = committed, fed: list[tuple[int, int, bytes]] = fed) -> None:
                     committed.set()
-                    self._fed(lsn, term, payload)  # followers get it while it is flushed here
+                    self._fed(fed)  # followers get it while it is flushed here
 
                 failed = False
                 try:
@@ -496,7 +504,7 @@ class GroupCommitter:
             try:
                 if type(txn) is RedoTxn or type(txn) is UndoRedoTxn:
                     before = self._storage.lsn
-                    await self._log_group(txn, [item], alone=True, forced=item.lsn, forced_term=item.term)
+                    await self._log_group(txn, [item], alone=True, forced=item.lsn != 0)
                     if type(txn) is UndoRedoTxn and self.quorum is not None and self._storage.lsn > before:
                         self._awaiting.append((self._storage.lsn, [item], started, txn.undo_ops()))
                         self.quorum.durable(self._storage.lsn)

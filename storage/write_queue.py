@@ -89,11 +89,20 @@ class WriteQueue:
     @cython.locals(end=cython.Py_ssize_t, limit=cython.Py_ssize_t, item=Write)
     def next_batch(self, max_batch: cython.Py_ssize_t) -> list:
         """The next group: the first write alone if it is exclusive, else every write up to the
-        next exclusive one (at most ``max_batch``)."""
+        next exclusive one (at most ``max_batch``). Records received from the leader are
+        exclusive of client writes but share a group with the records that follow them, so a
+        follower that falls behind catches up with one flush for many records."""
         pending = self.pending
         item = pending[0]
         if item.exclusive:
             end = 1
+            if item.lsn:
+                limit = min(len(pending), max_batch)
+                while end < limit:
+                    item = pending[end]
+                    if not item.lsn:
+                        break
+                    end += 1
         else:
             end = 0
             limit = min(len(pending), max_batch)

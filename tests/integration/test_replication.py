@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import tarantool
 
@@ -58,7 +60,6 @@ def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_
     acknowledged before the kill is on it, no task whose ack was acknowledged comes back; the
     killed node restarts, rejoins as a follower and ends with the leader's data."""
     import threading
-    import time
 
     import httpx
 
@@ -150,7 +151,6 @@ def test_writes_need_the_quorum_and_a_write_that_cannot_gather_it_is_not_applied
     """Quorum 2 of 3: with one follower stopped writes flow; with both stopped a write fails with
     ER_SYNC_QUORUM_TIMEOUT after synchro_timeout_s and is applied nowhere, not even once the
     followers are back."""
-    import time
 
     cluster = Cluster(tmp_path, quorum=2, synchro_timeout_s=1.5)
     cluster.start()
@@ -192,7 +192,6 @@ def test_a_leader_stopped_past_its_lease_acknowledges_nothing_more_and_rejoins(t
     acknowledges nothing as leader, rejoins as a follower, and what it wrote alone is gone."""
     import signal
     import threading
-    import time
 
     cluster = Cluster(tmp_path, quorum=2, synchro_timeout_s=2.0)
     cluster.start()
@@ -317,7 +316,6 @@ def test_a_new_empty_node_joins_from_a_copy_and_catches_up_under_load(tmp_path):
 def test_mesh_connection_follows_the_leader_through_a_failover(tmp_path):
     """The connector's MeshConnection with boxqueue.leader_uris as its discovery function: a
     producer that retries its failed writes keeps working through a kill -9 of the leader."""
-    import time
 
     cluster = Cluster(tmp_path, quorum=2)
     cluster.start()
@@ -350,5 +348,40 @@ def test_mesh_connection_follows_the_leader_through_a_failover(tmp_path):
         have = {row[0] for row in cluster.rows(new)}
         assert not [k for k in acked if k not in have]
         mesh.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_follower_too_far_behind_takes_a_fresh_copy_over_its_old_data(tmp_path):
+    """The follower's databases are emptied and filled from the copy while it runs: what it read
+    before (the catalogue, every space) reads the leader's data afterwards, deletions and a space
+    created while it was away included."""
+    cluster = Cluster(tmp_path, quorum=2, wal_config="checkpoint_interval_s = 0.2")
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        away = cluster.followers(leader)[-1]
+        conn = cluster.connect(leader)
+        for i in range(300):
+            conn.replace("kv", [i, "before"])
+        cluster.wait_until(lambda: len(cluster.rows(away)) == 300, what="the follower has the first rows")
+        cluster.nodes[away].stop()
+        for i in range(0, 300, 2):
+            conn.delete("kv", [i])
+        conn.eval("box.schema.space.create('late') box.space.late:create_index('pk') box.space.late:replace{1, 'a'}")
+        for round_ in range(3):  # the leader's checkpoints drop the records the follower lacks
+            for i in range(1000, 1400):
+                conn.replace("kv", [i, "x" * 300, round_])
+            time.sleep(0.6)
+        rows = cluster.rows(leader)
+        cluster.nodes[away].start()
+        cluster.wait_until(lambda: cluster.info(away)["election"]["leader_name"] == leader, timeout=30,
+                           what="the follower follows again")
+        cluster.wait_until(lambda: cluster.rows(away) == rows, timeout=30, what="the follower has the leader's rows")
+        assert "taking a fresh copy" in cluster.nodes[away].log()
+        assert cluster.rows(away, "late") == [[1, "a"]]
+        conn.replace("kv", [5000, "after"])
+        cluster.wait_until(lambda: [5000, "after"] in cluster.rows(away), what="the stream goes on after the copy")
+        conn.close()
     finally:
         cluster.stop()
