@@ -457,6 +457,167 @@ def _worker_entry(
         results.put(WorkerResult(failure=f"{type(exc).__name__}: {exc}"))
 
 
+# --------------------------------------------------------------------------- sequential consumers
+
+
+@dataclass
+class SequentialSpec:
+    index: int
+    port: int
+    clients: int  # threads in this process, one connection each
+    payload: int
+    take_timeout_s: float
+    warmup_s: float
+    duration_s: float
+    target: str = "ours"
+
+
+def _sequential_calls(target: str) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]], str, list[Any]]:
+    """(put function and arguments before the data, take function and arguments, ack function,
+    ack arguments before the id), as an application calls them with the connector."""
+    if target == "tarantool":
+        tube = f"queue.tube.{TARANTOOL_TUBE}"
+        return (f"{tube}:put", []), (f"{tube}:take", []), f"{tube}:ack", []
+    return ("box.queue.put", [QUEUE_SPACE, TUBE, 0, 0, 0, 0]), ("box.queue.take", [QUEUE_SPACE, TUBE]), \
+        "box.queue.ack", [QUEUE_SPACE]
+
+
+def _sequential_client(spec: SequentialSpec, conn: Any, start_ns: int, out: dict[str, Any], lock: Any) -> None:
+    """One application consumer: put, take, ack, one after the other, until the window closes."""
+    (put_fn, put_args), (take_fn, take_args), ack_fn, ack_args = _sequential_calls(spec.target)
+    data = "x" * spec.payload
+    win_start = start_ns + int(spec.warmup_s * 1e9)
+    win_end = win_start + int(spec.duration_s * 1e9)
+    put_ns, take_ns, ack_ns = array("q"), array("q"), array("q")
+    cycles = puts_total = acks_total = errors = empty = 0
+    samples: list[str] = []
+    monotonic_ns = time.monotonic_ns
+    while True:
+        t0 = monotonic_ns()
+        if t0 >= win_end:
+            break
+        try:
+            conn.call(put_fn, [*put_args, data])
+            puts_total += 1
+            t1 = monotonic_ns()
+            taken = conn.call(take_fn, [*take_args, spec.take_timeout_s]).data
+            t2 = monotonic_ns()
+            if not taken or not taken[0]:
+                empty += 1
+                continue
+            conn.call(ack_fn, [*ack_args, taken[0][0]])
+            acks_total += 1
+            t3 = monotonic_ns()
+        except Exception as exc:  # noqa: BLE001 - counted and sampled, as the pipelined mode does
+            errors += 1
+            if len(samples) < 5:
+                samples.append(f"{type(exc).__name__}: {exc}")
+            continue
+        if t0 >= win_start:
+            cycles += 1
+            put_ns.append(t1 - t0)
+            take_ns.append(t2 - t1)
+            ack_ns.append(t3 - t2)
+    with lock:
+        out["cycles"] += cycles
+        out["puts_total"] += puts_total
+        out["acks_total"] += acks_total
+        out["errors"] += errors
+        out["empty"] += empty
+        out["samples"] += samples
+        out["put_ns"] += put_ns.tobytes()
+        out["take_ns"] += take_ns.tobytes()
+        out["ack_ns"] += ack_ns.tobytes()
+
+
+def _sequential_entry(spec: SequentialSpec, barrier: Any, start_at: Any, results: Any) -> None:
+    """A generator process: ``spec.clients`` threads, each a `tarantool` connector client."""
+    import threading
+
+    import tarantool
+
+    try:
+        conns = [tarantool.Connection("127.0.0.1", spec.port) for _ in range(spec.clients)]
+        barrier.wait(timeout=60)
+        out: dict[str, Any] = {"cycles": 0, "puts_total": 0, "acks_total": 0, "errors": 0, "empty": 0,
+                               "samples": [], "put_ns": b"", "take_ns": b"", "ack_ns": b""}
+        lock = threading.Lock()
+        delay = start_at.value - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        start_ns = time.monotonic_ns()
+        cpu0 = time.process_time()
+        threads = [threading.Thread(target=_sequential_client, args=(spec, c, start_ns, out, lock))
+                   for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out["cpu_busy"] = (time.process_time() - cpu0) / (spec.warmup_s + spec.duration_s)
+        for c in conns:
+            c.close()
+        results.put(out)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        barrier.abort()
+        results.put({"failure": f"{type(exc).__name__}: {exc}"})
+
+
+def measure_sequential(
+    port: int, wal: str, args: argparse.Namespace, server_pid: int | None = None, target: str = "ours"
+) -> Measurement:
+    """``args.sequential`` clients, each cycling put -> take -> ack with the `tarantool` connector,
+    one call at a time; tasks/s = cycles completed in the window, CPU per task = per cycle."""
+    ctx = get_context("fork")
+    procs = max(1, min(args.procs, args.sequential))
+    clients = split_evenly(args.sequential, procs)
+    specs = [SequentialSpec(i, port, clients[i], args.payload, args.take_timeout, args.warmup, args.duration, target)
+             for i in range(procs)]
+    barrier = ctx.Barrier(procs + 1)
+    start_at = ctx.Value("d", 0.0)
+    results_queue = ctx.Queue()
+    workers = [ctx.Process(target=_sequential_entry, args=(spec, barrier, start_at, results_queue), daemon=True)
+               for spec in specs]
+    for worker in workers:
+        worker.start()
+    start_at.value = time.monotonic() + 0.5
+    try:
+        barrier.wait(timeout=60)
+    except Exception:  # noqa: BLE001 - the workers report why
+        pass
+    server_cpu_s = 0.0
+    if server_pid is not None:
+        time.sleep(max(0.0, start_at.value + args.warmup - time.monotonic()))
+        cpu_begin = process_cpu_s(server_pid)
+        time.sleep(max(0.0, start_at.value + args.warmup + args.duration - time.monotonic()))
+        server_cpu_s = process_cpu_s(server_pid) - cpu_begin
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + args.warmup + args.duration + 60
+    while len(results) < len(workers):
+        try:
+            results.append(results_queue.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            results += [{"failure": "a worker process died"}] * (len(workers) - len(results))
+    for worker in workers:
+        worker.join(timeout=10)
+    failures = sorted({r["failure"] for r in results if "failure" in r})
+    ok = [r for r in results if "failure" not in r]
+    put_p50, put_p99 = quantiles_ms([r["put_ns"] for r in ok])
+    take_p50, take_p99 = quantiles_ms([r["take_ns"] for r in ok])
+    ack_p50, ack_p99 = quantiles_ms([r["ack_ns"] for r in ok])
+    cycles = sum(r["cycles"] for r in ok)
+    backlog = sum(r["puts_total"] - r["acks_total"] for r in ok)
+    return Measurement(
+        wal=wal, target=target, tasks_per_s=cycles / args.duration, puts_per_s=cycles / args.duration,
+        take_p50_ms=take_p50, take_p99_ms=take_p99, takes=cycles, empty_takes=sum(r["empty"] for r in ok),
+        put_p50_ms=put_p50, put_p99_ms=put_p99, ack_p50_ms=ack_p50, ack_p99_ms=ack_p99,
+        acks=cycles, puts=cycles, backlog_start=0, backlog_end=backlog, held=0.0, oldest_pending_ms=0.0,
+        errors=sum(r["errors"] for r in ok), error_samples=sorted({x for r in ok for x in r["samples"]})[:5],
+        failure="; ".join(failures) or None, gen_cpu=sum(r["cpu_busy"] for r in ok) / max(1, len(ok)),
+        server_cpu_us_per_task=server_cpu_s * 1e6 / cycles if cycles and server_pid else 0.0,
+        procs=procs, duration_s=args.duration, client_backlog_final=backlog,
+    )
+
+
 # --------------------------------------------------------------------------- measurement
 
 
@@ -863,6 +1024,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tarantool-bin", default="tarantool", help="the reference server")
     parser.add_argument("--memtx-memory", type=int, default=512 * 1024 * 1024, help="Tarantool's memtx arena, bytes")
+    parser.add_argument(
+        "--sequential", type=int, default=0,
+        help="instead of the pipelined load: this many clients (threads over --procs processes), each "
+             "with the `tarantool` connector calling put, take and ack one after another, as most "
+             "applications consume; tasks/s and CPU per task are per cycle",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     return parser
 
@@ -883,6 +1050,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.sequential < 0:
+        print("--sequential must be >= 0", file=sys.stderr)
+        return 2
+    if args.sequential:  # one request at a time per client: the server's bounds checks follow
+        args.producers = args.consumers = args.sequential
+        args.producer_inflight = args.consumer_inflight = 1
     command_line = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
     machine = machine_info()
     procs = min(args.procs, args.producers + args.consumers)
@@ -891,13 +1064,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {machine['python']}"
     )
     print(f"command: {command_line}")
-    print(
-        f"load: {args.producers} producers x {args.producer_inflight} puts, "
-        f"{args.consumers} consumers x {args.consumer_inflight} take/ack slots, "
-        f"{procs} processes, payload {args.payload} B, max backlog {args.max_backlog}, "
-        f"warmup {args.warmup:g}s, duration {args.duration:g}s",
-        flush=True,
-    )
+    if args.sequential:
+        print(f"load: {args.sequential} sequential clients (tarantool connector: put, take, ack, one at a "
+              f"time each) over {procs} processes, payload {args.payload} B, "
+              f"warmup {args.warmup:g}s, duration {args.duration:g}s", flush=True)
+    else:
+        print(
+            f"load: {args.producers} producers x {args.producer_inflight} puts, "
+            f"{args.consumers} consumers x {args.consumer_inflight} take/ack slots, "
+            f"{procs} processes, payload {args.payload} B, max backlog {args.max_backlog}, "
+            f"warmup {args.warmup:g}s, duration {args.duration:g}s",
+            flush=True,
+        )
 
     targets = ["ours", "tarantool"] if args.target == "both" else [args.target]
     if "tarantool" in targets and (args.queue_module is None or not (args.queue_module / "queue" / "init.lua").exists()):
@@ -911,7 +1089,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 with QueueServer(target, wal, args) as server:
                     pid = server.proc.pid if server.proc else None
-                    m = measure(server.port, wal, args, pid, target)
+                    m = (measure_sequential if args.sequential else measure)(server.port, wal, args, pid, target)
                     if server.proc is not None and server.proc.poll() is not None:
                         raise RuntimeError(f"server exited during the run\n{server.log_tail()}")
                     try:
@@ -941,6 +1119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_backlog": args.max_backlog,
                 "warmup_s": args.warmup,
                 "duration_s": args.duration,
+                "sequential": args.sequential,
             },
             "results": [asdict(m) | {"flagged": m.flagged} for m in results],
             "comparison": [{"wal": w, "tasks_ratio": r, "server_cpu_ratio": c} for w, r, c in comparisons(results)],

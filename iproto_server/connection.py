@@ -106,6 +106,7 @@ class Connection:
     async def _receive_loop(self, nursery: trio.Nursery) -> bool:
         """Returns True when the client closed the connection."""
         receive = self.io.receive
+        receive_when_ready = self.io.receive_when_ready
         checkpoint = trio.lowlevel.checkpoint
         decoder = self.decoder
         handle_all = self.dispatcher.handle_all
@@ -113,14 +114,19 @@ class Connection:
         outbox = self.outbox
         countdown = 1 if self.latency is not None else -1  # -1: never reaches 0
         sample: tuple[float, int, int, int] | None = None
+        drained = False  # the last read emptied the socket
         while True:
-            await checkpoint()  # the direct socket never yields when data is there: be fair here
             try:
-                data = await receive(RECEIVE_SIZE)
+                if drained:  # wait for the next request (a checkpoint) rather than try to read
+                    data = await receive_when_ready(RECEIVE_SIZE)
+                else:
+                    await checkpoint()  # the direct socket never yields when data is there: be fair here
+                    data = await receive(RECEIVE_SIZE)
             except OSError:
                 return True
             if not data:
                 return True
+            drained = len(data) < RECEIVE_SIZE
             countdown -= 1
             if countdown == 0:
                 countdown = SAMPLE_EVERY

@@ -23,6 +23,12 @@ n      bytes   payload: the group's redo operations (:mod:`storage.redo`)
 Records written before the term was added (:data:`RECORD_MAGIC_V1`: no term field, a 16-byte
 prefix) are still read, as term 0.
 
+A segment is zero-filled ahead of its records (:data:`PREALLOCATE_BYTES` at a time), and records
+overwrite the zeros: a flush then carries the record's data alone, where an append that grows the
+file also makes the file system journal its new size on every ``fdatasync`` (about half of a small
+group's flush, measured). Zeros after the last record are that room, not damage; a segment that is
+no longer appended to is cut to its records.
+
 Reading (:class:`LogReader`) stops at the first record that is short, has a bad magic, length
 or checksum. If no valid record follows it anywhere in the log, it is the torn tail of an append
 that never completed (a kill or a crash during the write; its writers were never answered) and the
@@ -54,6 +60,8 @@ HEADER_SIZE = _PREFIX.size + _CRC.size
 HEADER_SIZE_V1 = _PREFIX_V1.size + _CRC.size
 MAX_PAYLOAD = 1 << 30
 SUFFIX = ".wal"
+PREALLOCATE_BYTES = 1 << 20  # zeros written ahead of the records at a time
+_ZEROS = bytes(PREALLOCATE_BYTES)
 
 Entry = tuple[int, int, memoryview]  # (LSN, term, payload) of one record
 
@@ -98,6 +106,8 @@ def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[Entry], i
     while offset < size:
         problem = _check_record(view, offset)
         if problem is not None:
+            if _zeros_from(view, offset):  # room made ahead of the records: the segment ends here
+                return records, offset, None
             return records, offset, problem
         if view[offset : offset + 4] == RECORD_MAGIC:
             _magic, length, lsn, term = _PREFIX.unpack_from(view, offset)
@@ -108,6 +118,12 @@ def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[Entry], i
         records.append((lsn, term, view[start : start + length]))
         offset = start + length
     return records, offset, None
+
+
+def _zeros_from(view: memoryview, offset: int) -> bool:
+    """Whether everything from ``offset`` to the end is zero bytes."""
+    rest = view[offset:]
+    return rest.tobytes().count(0) == len(rest)
 
 
 def _check_record(view: memoryview, offset: int) -> str | None:
@@ -230,41 +246,68 @@ class WriteAheadLog:
         directory.mkdir(parents=True, exist_ok=True)
         self.segments = [(lsn, path) for lsn, path in list_segments(directory) if lsn < first_lsn]
         self._fd = -1
-        self.size = 0
+        self.size = 0  # where the next record goes
+        self._allocated = 0  # the file's length: zeros from ``size`` to here
         self.first_lsn = first_lsn
         self._open_segment(first_lsn)
 
     def _open_segment(self, first_lsn: int) -> None:
         path = self.directory / segment_name(first_lsn)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, FILE_MAGIC)
+            _write_all(fd, FILE_MAGIC, 0)
             os.fdatasync(fd)
             _sync_directory(self.directory)
         except BaseException:
             os.close(fd)
             raise
-        if self._fd >= 0:
-            os.close(self._fd)
+        self._close_segment()
         self._fd = fd
-        self.size = len(FILE_MAGIC)
+        self.size = self._allocated = len(FILE_MAGIC)
         self.first_lsn = first_lsn
         self.segments.append((first_lsn, path))
 
+    def _close_segment(self) -> None:
+        """Cut the segment to its records (its zeros are of no more use) and close it."""
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError:
+                pass  # zeros left at the end read as the end of the segment
+            os.close(self._fd)
+            self._fd = -1
+
     def append(self, record: bytes) -> None:
-        """Write ``record`` at the end of the current segment (not flushed). On failure the
-        segment is cut back to where it was, so a later append does not follow a fragment."""
+        """Write ``record`` after the last one (not flushed), over zeros written ahead. On failure
+        the segment is cut back to where it was, so a later append does not follow a fragment."""
         start = self.size
+        end = start + len(record)
         try:
-            _write_all(self._fd, record)
+            if end > self._allocated:
+                self._preallocate(end)
+            _write_all(self._fd, record, start)
         except BaseException:
             self.cut_back(start)
             raise
-        self.size = start + len(record)
+        self.size = end
+
+    def _preallocate(self, end: int) -> None:
+        """Zero-fill the segment to at least ``end``, :data:`PREALLOCATE_BYTES` at a time (flushed
+        with the next record)."""
+        target = max(end, self._allocated + PREALLOCATE_BYTES)
+        while self._allocated < target:
+            step = min(target - self._allocated, PREALLOCATE_BYTES)
+            _write_all(self._fd, _ZEROS[:step], self._allocated)
+            self._allocated += step
 
     def cut_back(self, size: int) -> None:
-        """Forget what was appended after ``size`` (a record whose group was not committed)."""
-        os.ftruncate(self._fd, size)
+        """Forget what was written after ``size`` (a record whose group was not committed): zeros
+        over it, so that no complete record stays behind the end."""
+        at = size
+        while at < self._allocated:
+            step = min(self._allocated - at, PREALLOCATE_BYTES)
+            _write_all(self._fd, _ZEROS[:step], at)
+            at += step
         self.size = size
 
     def sync(self) -> None:
@@ -294,9 +337,7 @@ class WriteAheadLog:
         return deleted
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close_segment()
 
     def retire(self) -> None:
         """Close and delete every segment: LMDB holds and has flushed everything they hold."""
@@ -306,11 +347,12 @@ class WriteAheadLog:
         self.segments = []
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = os.pwrite(fd, view, offset)
         view = view[written:]
+        offset += written
 
 
 def _sync_directory(directory: Path) -> None:

@@ -65,10 +65,21 @@ def test_a_bad_checksum_in_the_last_record_is_a_torn_tail(tmp_path):
     assert "checksum" in reader.torn
 
 
-def test_a_zero_filled_tail_is_a_torn_tail(tmp_path):
+def test_a_zero_filled_tail_is_room_made_ahead_not_damage(tmp_path):
+    """Segments are zero-filled ahead of their records; a crash leaves the zeros, in the last
+    segment or (before a rotated segment was cut to its records) in an earlier one."""
     write_segment(tmp_path, 1, [b"one"], tail=b"\0" * 5000)
+    write_segment(tmp_path, 2, [b"two"], tail=b"\0" * 70)
     records, reader = read_all(tmp_path)
-    assert records == [(1, b"one")] and reader.torn is not None
+    assert records == [(1, b"one"), (2, b"two")] and reader.torn is None
+
+
+def test_a_torn_record_followed_by_zeros_is_a_torn_tail(tmp_path):
+    last = encode_record(2, b"the last group" * 10)
+    for cut in (1, 10, len(last) - 1):
+        write_segment(tmp_path, 1, [b"one"], tail=last[:cut] + b"\0" * (4096 - cut))
+        records, reader = read_all(tmp_path)
+        assert records == [(1, b"one")] and reader.torn is not None, cut
 
 
 def test_a_damaged_record_in_the_middle_is_an_error(tmp_path):
@@ -155,6 +166,41 @@ def test_a_cut_back_append_leaves_no_fragment(tmp_path):
     wal.close()
     records, reader = read_all(tmp_path)
     assert records == [(1, b"kept"), (2, b"instead")] and reader.torn is None
+
+
+def test_records_overwrite_zeros_written_ahead_and_a_closed_segment_is_cut_to_its_records(tmp_path):
+    from storage.wal import PREALLOCATE_BYTES
+
+    wal = WriteAheadLog(tmp_path, 1)
+    first = tmp_path / segment_name(1)
+    wal.append(encode_record(1, b"r1"))
+    assert first.stat().st_size == len(FILE_MAGIC) + PREALLOCATE_BYTES  # room for the next records
+    big = b"x" * (PREALLOCATE_BYTES + 10)  # a record larger than one step gets room enough
+    wal.append(encode_record(2, big))
+    assert first.stat().st_size >= wal.size
+    wal.sync()
+    records, reader = read_all(tmp_path)
+    assert records == [(1, b"r1"), (2, big)] and reader.torn is None
+    size = wal.size
+    assert wal.rotate(3)
+    assert first.stat().st_size == size  # no zeros left in a segment no longer appended to
+    wal.append(encode_record(3, b"r3"))
+    wal.close()
+    assert (tmp_path / segment_name(3)).stat().st_size == len(FILE_MAGIC) + len(encode_record(3, b"r3"))
+    assert [lsn for lsn, _ in read_all(tmp_path)[0]] == [1, 2, 3]
+
+
+def test_a_record_taken_back_leaves_zeros_not_a_readable_record(tmp_path):
+    wal = WriteAheadLog(tmp_path, 1)
+    wal.append(encode_record(1, b"kept"))
+    start = wal.size
+    wal.append(encode_record(2, b"taken back"))
+    wal.cut_back(start)
+    wal.sync()  # a crash now: the file still has its room, and record 2 is not in it
+    data = (tmp_path / segment_name(1)).read_bytes()
+    assert b"taken back" not in data and len(data) > start
+    records, reader = read_all(tmp_path)
+    assert records == [(1, b"kept")] and reader.torn is None
 
 
 def test_records_carry_their_term_and_records_without_one_are_read_as_term_0(tmp_path):
