@@ -7,8 +7,8 @@ as the mode says, and readers see a group only then (:meth:`Storage.committed`).
 
 In ``fsync`` mode the write functions get a :class:`storage.redo.RedoTxn`, which notes every
 change; the group's changes become one record of the write-ahead log (:mod:`storage.wal`). A
-worker thread appends the record and commits LMDB (without flushing it); then the log is flushed
-with one ``fdatasync`` in a worker thread while the event loop keeps serving reads and applies the
+thread of its own (:mod:`storage.log_thread`) appends the record and commits LMDB (without
+flushing it); then the log is flushed with one ``fdatasync`` in that thread while the event loop keeps serving reads and applies the
 next batch, so the batch grows with the load and one flush covers many writes. A background checkpoint (:meth:`checkpoint`)
 switches the log to a new segment, flushes LMDB and deletes the segments LMDB now holds. In
 ``write`` and ``none`` modes there is no log and no flush: the commit runs on the event loop.
@@ -38,6 +38,7 @@ import trio
 from measures import BATCH_BOUNDS, Histogram
 from storage import redo
 from storage.environment import Storage, StorageError
+from storage.log_thread import LogThread
 from storage.redo import RedoTxn, UndoRedoTxn
 from storage.wal import encode_record
 from storage.write_queue import Done, Write, WriteQueue
@@ -69,6 +70,7 @@ class GroupCommitter:
         # frame: it is the compiled queue's own method.
         self.submit: Callable[..., None] = self._queue.submit
         self._log = storage.log
+        self._log_thread = LogThread()  # appends and flushes each group (fsync mode)
         self._names = storage.names
         # Held from a group's append until it is flushed and answered, or by a checkpoint's
         # switch of segments (a semaphore: the flusher task releases what the committer took).
@@ -235,6 +237,7 @@ class GroupCommitter:
                 # What was written before the committer ran (the catalogue's start-up writes)
                 # went to LMDB unlogged: flush it before any logged group depends on it.
                 await trio.to_thread.run_sync(self._storage.sync)
+                await nursery.start(self._log_thread.run)
                 nursery.start_soon(self._flusher)
                 nursery.start_soon(self._checkpoints)
             task_status.started()
@@ -385,7 +388,7 @@ class GroupCommitter:
             raise self._broken
         if alone:
             try:
-                await trio.to_thread.run_sync(self._write_group, raw, record, lsn, None)
+                await self._log_thread.call(self._write_group, raw, record, lsn, None)
             finally:
                 self._log_free.release()
             self._fed(fed)
@@ -460,7 +463,7 @@ class GroupCommitter:
 
                 failed = False
                 try:
-                    await trio.to_thread.run_sync(
+                    await self._log_thread.call(
                         self._write_group, raw, record, lsn, lambda: token.run_sync_soon(in_lmdb)
                     )
                 except BaseException as exc:
