@@ -382,21 +382,15 @@ class EngineBase:
             def transform(old: bytes) -> bytes:
                 return encode_task(header, *tail)
 
-        def undo() -> None:
-            if counter is not None:
-                tube.uncount(counter)
-            if tube.tasks.get(task.id) is task and task.header() == header:
-                self._leave(tube, task)
-                task.restore(before)
-                self._enter(tube, task)
-
         later: Later[bytes] = Later()
 
+        # (No inner function here calls another: one that did would be held by the closure it
+        # shares, a reference cycle per write left to the cyclic collector.)
         def done(raw: bytes | None, error: BaseException | None) -> None:
             if error is None and raw is None:
                 error = proc_error("Task not found")
             if error is not None:
-                undo()
+                self._undo_change(tube, task, counter, before, header)
                 later.settle(None, error)
                 return
             if old_status != new_status:
@@ -410,26 +404,29 @@ class EngineBase:
         try:
             self.committer.submit(queue_space.space.prepare_transform(queue_space.layout.key(task), transform), done)
         except BaseException:
-            undo()
+            self._undo_change(tube, task, counter, before, header)
             raise
         return later
+
+    def _undo_change(self, tube: Tube, task: Task, counter: str | None, before: Any, header: Any) -> None:
+        """A change whose write failed: its count and the task as it was (unless changed since)."""
+        if counter is not None:
+            tube.uncount(counter)
+        if tube.tasks.get(task.id) is task and task.header() == header:
+            self._leave(tube, task)
+            task.restore(before)
+            self._enter(tube, task)
 
     def _delete(self, queue_space: QueueSpace, tube: Tube, task: Task, counters: tuple[str, ...] = ()) -> Later[bytes]:
         self._remove(tube, task)
         for counter in counters:
             tube.count(counter)
 
-        def undo() -> None:
-            for counter in counters:
-                tube.uncount(counter)
-            if task.id not in tube.tasks:
-                self._add(tube, task)
-
         later: Later[bytes] = Later()
 
         def done(raw: bytes | None, error: BaseException | None) -> None:
             if error is not None:
-                undo()
+                self._undo_delete(tube, task, counters)
                 later.settle(None, error)
                 return
             self._tally(tube, task.status, None)
@@ -439,9 +436,15 @@ class EngineBase:
         try:
             self.committer.submit(queue_space.space.prepare_delete(0, queue_space.layout.key(task)), done)
         except BaseException:
-            undo()
+            self._undo_delete(tube, task, counters)
             raise
         return later
+
+    def _undo_delete(self, tube: Tube, task: Task, counters: tuple[str, ...]) -> None:
+        for counter in counters:
+            tube.uncount(counter)
+        if task.id not in tube.tasks:
+            self._add(tube, task)
 
     def _batch(
         self,
@@ -491,20 +494,6 @@ class EngineBase:
         if new:
             tube.pending += 1
 
-        def undo() -> None:
-            for counter in counted:
-                tube.uncount(counter)
-            for task, before, header in reversed(done_changes):
-                if tube.tasks.get(task.id) is task and task.header() == header:
-                    self._leave(tube, task)
-                    task.restore(before)
-                    self._enter(tube, task)
-            for task in deleted:
-                if task.id not in tube.tasks:
-                    self._add(tube, task)
-            if undo_extra is not None:
-                undo_extra()
-
         def write(txn: lmdb.Transaction) -> list[Any]:
             results = []
             try:
@@ -522,7 +511,7 @@ class EngineBase:
             if new:
                 tube.pending -= 1
             if error is not None:
-                undo()
+                self._undo_batch(tube, counted, done_changes, deleted, undo_extra)
                 later.settle(None, error)
                 return
             assert results is not None
@@ -542,9 +531,25 @@ class EngineBase:
         except BaseException:
             if new:
                 tube.pending -= 1
-            undo()
+            self._undo_batch(tube, counted, done_changes, deleted, undo_extra)
             raise
         return later
+
+    def _undo_batch(self, tube: Tube, counted: list[str], done_changes: list[tuple[Task, list[Any], list[Any]]],
+                    deleted: list[Task], undo_extra: Callable[[], None] | None) -> None:
+        """A batch whose write failed: its counts, changes and deletes taken back, newest first."""
+        for counter in counted:
+            tube.uncount(counter)
+        for task, before, header in reversed(done_changes):
+            if tube.tasks.get(task.id) is task and task.header() == header:
+                self._leave(tube, task)
+                task.restore(before)
+                self._enter(tube, task)
+        for task in deleted:
+            if task.id not in tube.tasks:
+                self._add(tube, task)
+        if undo_extra is not None:
+            undo_extra()
 
     def _place_inserted(self, queue_space: QueueSpace, tube: Tube, inserted: list[tuple[Task, bytes]]) -> None:
         """Tasks whose insert is durable become visible; if their tube was dropped meanwhile,

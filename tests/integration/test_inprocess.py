@@ -328,3 +328,50 @@ async def test_a_read_only_instance_refuses_every_write_whichever_way_it_comes(t
     await server.engine.put(0, "engine", delay=0, ttl=None, ttr=None, pri=0, data=["x"])
     await stream.aclose()
     server.stop()
+
+
+async def test_requests_leave_no_reference_cycles_behind(tmp_path, nursery):
+    """What a request makes is freed by reference counting: a cycle per request (a settled Later
+    keeping the closures that refer back to it, an inner function held by the closure it shares)
+    leaves the cyclic collector tens of thousands of objects a second to find on a busy queue,
+    about 7% of the server's CPU in the queue cycle."""
+    import gc
+
+    shipped = (Path(__file__).parents[2] / "conf" / "boxqueue.toml").read_text()
+    cfg = tmp_path / "q.toml"
+    cfg.write_text('data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n[wal]\nmode = "none"\n'
+                   + shipped[shipped.index("[[space]]") : shipped.index("# The external APIs")])
+    server = Server(load_config(cfg), handle_signals=False)
+    ports = await nursery.start(server.run)
+    stream = await connect(ports.iproto)
+    buf = bytearray()
+    sync = 0
+
+    async def call(name: str, *args: object) -> list:
+        nonlocal sync
+        sync += 1
+        await stream.send_all(frame({0: 0x0A, 1: sync}, {0x22: name, 0x21: list(args)}))
+        header, body = await read_response(stream, buf)
+        assert header[0] == 0, body
+        return body[0x30]
+
+    async def cycles(n: int) -> None:
+        for _ in range(n):
+            await call("box.queue.put", 0, "gc", 0, 0, 0, 0, "payload")
+            [task] = await call("box.queue.take", 0, "gc", 0)
+            await call("box.queue.release", 0, task[0])
+            [task] = await call("box.queue.take", 0, "gc", 0)
+            await call("box.queue.ack", 0, task[0])
+            await call("box.queue.statistics", 0, "gc")
+
+    await cycles(50)  # first-use caches, the tube, the connection's buffers
+    gc.collect()
+    gc.disable()
+    try:
+        await cycles(300)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found < 300, f"{found} objects in reference cycles after 300 cycles of 6 requests"
+    await stream.aclose()
+    server.stop()
