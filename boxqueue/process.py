@@ -288,10 +288,12 @@ class Server:
             if storage.log is not None:
                 wal_log = storage.log
                 observed.gauges.add(
-                    "boxqueue_wal_bytes", "Bytes in the write-ahead log since its last checkpoint", lambda: wal_log.size
+                    "boxqueue_wal_bytes", "Bytes in the write-ahead log since its last checkpoint", lambda: wal_log.size,
+                    label="log since checkpoint (bytes)",
                 )
                 observed.gauges.add_counter(
-                    "boxqueue_wal_checkpoints", "Checkpoints of the write-ahead log", lambda: committer.checkpoints
+                    "boxqueue_wal_checkpoints", "Checkpoints of the write-ahead log", lambda: committer.checkpoints,
+                    label="checkpoints",
                 )
             catalog.load()
             procedures = Procedures(catalog.functions)

@@ -152,11 +152,14 @@ class Gauges:
     def __init__(self) -> None:
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.labels: dict[str, str] = {}  # name -> the words the dashboard shows for it
 
-    def add(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        """A gauge: ``read()`` returns its current value (a number)."""
+    def add(self, name: str, documentation: str, read: Callable[[], float], label: str) -> None:
+        """A gauge: ``read()`` returns its current value (a number); ``label`` names it for people."""
         self.gauges[name] = (documentation, read)
+        self.labels[name] = label
 
-    def add_counter(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+    def add_counter(self, name: str, documentation: str, read: Callable[[], float], label: str) -> None:
         """A counter (only ever grows): ``read()`` returns its total; ``name`` without ``_total``."""
         self.counters[name] = (documentation, read)
+        self.labels[name] = label

@@ -91,10 +91,10 @@ def storage_figures(o: Observed) -> dict[str, Any]:
         out["recovery"] = {"state": progress.state, "total": progress.total, "loaded": progress.loaded,
                            "fraction": progress.fraction(), "seconds_left": progress.seconds_left(),
                            "seconds": progress.seconds}
-    plugged = {}
+    plugged = {}  # shown under its label
     for name, (_doc, read) in list(o.gauges.gauges.items()) + list(o.gauges.counters.items()):
         try:
-            plugged[name] = float(read())
+            plugged[o.gauges.labels.get(name, name)] = float(read())
         except Exception:  # a plugged figure that fails is left out, not the page
             continue
     out["plugged"] = plugged

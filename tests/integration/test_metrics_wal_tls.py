@@ -65,5 +65,11 @@ def test_wal_figures_over_tls(served):
             time.sleep(0.1)
         assert checkpoints2 > checkpoints1
         assert size2 < 65536 + 4096  # a checkpoint starts the log afresh
+        snapshot = httpx.get(f"https://127.0.0.1:{port}/api/snapshot", verify=certs.client_context(cert=False),
+                             timeout=30)
+        assert snapshot.status_code == 200, snapshot.text
+        shown = snapshot.json()["storage"]["plugged"]  # the dashboard's storage card, in words
+        assert set(shown) == {"log since checkpoint (bytes)", "checkpoints"}, shown
+        assert shown["checkpoints"] >= checkpoints2
     finally:
         conn.close()
