@@ -155,10 +155,11 @@ def _call_body(values: Any, call16: cython.bint) -> bytes:
 
 
 # The body keys each DML request must hold, in the order Tarantool 2.6 reports a missing one
-# (``iproto_body_key_map``: the lowest key first), before the space is looked up. One difference
-# is kept: a SELECT without KEY selects with an empty key (Tarantool says the key is missing).
+# (``iproto_body_key_map``: the lowest key first), before the space is looked up. A SELECT needs
+# its KEY too, even an empty one (checked against Tarantool 2.6.0: "Missing mandatory field 'key'
+# in request").
 _REQUIRED: tuple = (
-    (), ((codec.SPACE_ID, "space id"), (codec.LIMIT, "limit")),  # SELECT
+    (), ((codec.SPACE_ID, "space id"), (codec.LIMIT, "limit"), (codec.KEY, "key")),  # SELECT
     ((codec.SPACE_ID, "space id"), (codec.TUPLE, "tuple")),  # INSERT
     ((codec.SPACE_ID, "space id"), (codec.TUPLE, "tuple")),  # REPLACE
     ((codec.SPACE_ID, "space id"), (codec.KEY, "key"), (codec.TUPLE, "tuple")),  # UPDATE

@@ -147,7 +147,7 @@ async def test_ddl_bumps_the_schema_version_and_shows_in_the_views(running):
     header, _ = await read_response(stream, buf)
     assert header[0] == 0x8000 | 109 and header[5] == after
     await server.catalog.drop_space(space)
-    await stream.send_all(frame({0: 1, 1: 5}, {0x10: space.id, 0x12: 1}))
+    await stream.send_all(frame({0: 1, 1: 5}, {0x10: space.id, 0x12: 1, 0x20: []}))
     header, body = await read_response(stream, buf)
     assert header[0] == 0x8000 | 36
     await stream.aclose()

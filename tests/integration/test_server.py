@@ -96,6 +96,15 @@ def test_malformed_requests_get_errors_and_the_connection_survives(server):
     c.send(c.frame({0: 1, 1: 14}, {0x10: 512}))
     header, body = c.response()
     assert header[0] == 0x8000 | 69 and body[0x31] == "Missing mandatory field 'limit' in request"
+    # a SELECT needs its key, even an empty one, as in Tarantool 2.6 (with another index too)
+    for sync, body_fields in ((16, {0x10: 512, 0x12: 10}), (17, {0x10: 512, 0x11: 1, 0x12: 10, 0x14: 2})):
+        c.send(c.frame({0: 1, 1: sync}, body_fields))
+        header, body = c.response()
+        assert header[0] == 0x8000 | 69 and header[1] == sync
+        assert body[0x31] == "Missing mandatory field 'key' in request"
+    c.send(c.frame({0: 1, 1: 18}, {0x10: 512, 0x12: 10, 0x20: []}))  # an empty key: every tuple
+    header, body = c.response()
+    assert header[0] == 0 and header[1] == 18 and isinstance(body[0x30], tuple)  # (arrays decode as tuples)
     # still serving
     c.send(c.frame({0: 64, 1: 15}))
     header, body = c.response()
@@ -205,7 +214,10 @@ def test_tuples_round_trip_byte_exact(server, conn):
     header = msgpack.packb({0: 2, 1: 1})
     c.send(b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body)
     assert c.response()[0][0] == 0
-    c.send(c.frame({0: 1, 1: 2}, {0x10: 512, 0x12: 1, 0x20: [42033]}))
+    # Read back with an ALL scan of the (truncated) space, not by key: Tarantool 2.6 stores the
+    # tuple as sent but does not find it by the key 42033 when that key is encoded as a uint32
+    # (checked against 2.6.0: get{42033} answers nothing while a scan returns the tuple).
+    c.send(c.frame({0: 1, 1: 2}, {0x10: 512, 0x12: 1, 0x14: 2, 0x20: []}))
     prefix = c._read(5)
     payload = c._read(int.from_bytes(prefix[1:], "big"))
     assert payload.endswith(raw_tuple)
