@@ -484,13 +484,13 @@ class TomlReader:
         if auth not in ("none", "token"):
             raise self.fail(path + ("auth",), f"bad zaqar.auth: {show(auth)} (expected none or token)")
         tokens: list[ZaqarToken] = []
-        for tpath, tt in self.tables(t, path, "tokens", frozenset({"token", "project"})):
+        for tpath, tt in self.tables(t, path, "tokens", frozenset({"token", "project", "admin"})):
             token = self.secret(tt, tpath, "token")
             if token is None:
                 raise self.fail(tpath, f"missing key 'token' in {dotted(tpath)}")
             if any(known.token == token for known in tokens):
                 raise self.fail(tpath + ("token",), f"{dotted(tpath)}: the same token twice")
-            tokens.append(ZaqarToken(token, self.name(tt, tpath, "project")))
+            tokens.append(ZaqarToken(token, self.name(tt, tpath, "project"), self.boolean(tt, tpath, "admin", False)))
         if auth == "token" and not tokens:
             raise self.fail(path + ("auth",), 'zaqar.auth = "token" needs at least one entry in zaqar.tokens')
         return ZaqarConfig(

@@ -107,6 +107,7 @@ class TlsConfig:
 class ZaqarToken:
     token: str
     project: str
+    admin: bool = False  # may manage pools and flavors (Zaqar's admin role)
 
 
 @dataclass(frozen=True)

@@ -493,7 +493,7 @@ class Server:
                     stopping,
                     limits=Limits.configured(dict(zaqar.limits)),
                     default_project=zaqar.default_project,
-                    auth=TokenAuth((t.token, t.project) for t in zaqar.tokens) if zaqar.auth == "token" else None,
+                    auth=TokenAuth((t.token, t.project, t.admin) for t in zaqar.tokens) if zaqar.auth == "token" else None,
                     listening=http_listening(zaqar),
                     meter=self.observed.meter("zaqar"),
                     task_status=task_status,

@@ -24,7 +24,7 @@ from facades.http_meter import OPERATION
 from facades.zaqar import http_input as inp
 from facades.zaqar import queues as store
 from facades.zaqar.admin import AdminHandlers
-from facades.zaqar.auth import TokenAuth, unauthorized, wrong_project
+from facades.zaqar.auth import ADMIN_ONLY, TokenAuth, not_authorized, unauthorized, wrong_project
 from facades.zaqar.errors import (
     LIMIT_TEXT,
     UNABLE_TO_DELETE,
@@ -113,9 +113,10 @@ class ZaqarApp(AdminHandlers):
         reply_type: str | None = inp.JSON
         token_project = None
         if self.auth is not None:  # keystonemiddleware runs before any of Zaqar's checks
-            token_project = self.auth.project_of(request.headers.get("x-auth-token"))
-            if token_project is None:
+            identity = self.auth.identify(request.headers.get("x-auth-token"))
+            if identity is None:
                 return unauthorized(request.headers.get("host") or "localhost")
+            token_project, request.state.admin = identity
         try:
             if token_project is not None:
                 asked = request.headers.get("x-project-id")
@@ -165,6 +166,8 @@ class ZaqarApp(AdminHandlers):
             if handler is None:
                 raise ZaqarError(405, "405 Method Not Allowed", headers={"Allow": allow})
             request.scope[OPERATION] = handler.__name__
+            if self.auth is not None and handler.__name__ in ADMIN_ONLY and not request.state.admin:
+                raise not_authorized()  # the policy check, in the handler as Zaqar's acl.enforce
             if queue_route:
                 inp.check_queue_name(m["queue"], project)
             call = Call(request, inp.parse_query(request.scope.get("query_string", b"")), client, project,

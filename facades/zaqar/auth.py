@@ -6,6 +6,11 @@ refused (403). A missing or unknown token gets keystonemiddleware's 401 (its JSO
 ``WWW-Authenticate: Keystone uri=...`` header), before any of Zaqar's own checks, as the
 middleware runs in front of Zaqar. Every configured token is compared, in constant time, with
 ``hmac.compare_digest``, whatever the token given.
+
+Pools and flavors are an operator's API, as Zaqar's default policy has them (``pools:*`` and
+``flavors:create/update/delete`` need the admin role; listing and reading flavors do not): only a
+token marked ``admin = true`` may use them, others get Zaqar's 403 "Not authorized". Without
+token authentication (``auth = "none"``) there is nobody to tell apart, and they stay open.
 """
 
 from __future__ import annotations
@@ -23,19 +28,27 @@ _UNAUTHORIZED = json.dumps(
 ).encode()
 
 
+# Zaqar's handlers that need the admin role under its default policy.
+ADMIN_ONLY = frozenset({
+    "list_pools", "get_pool", "put_pool", "patch_pool", "delete_pool",
+    "put_flavor", "patch_flavor", "delete_flavor",
+})
+
+
 class TokenAuth:
-    """The configured tokens and the project each one fixes."""
+    """The configured tokens, the project each one fixes and whether it is an admin's."""
 
-    def __init__(self, tokens: Iterable[tuple[str, str]]) -> None:
-        self._tokens = [(token.encode(), project) for token, project in tokens]
+    def __init__(self, tokens: Iterable[tuple[str, str, bool]]) -> None:
+        self._tokens = [(token.encode(), project, admin) for token, project, admin in tokens]
 
-    def project_of(self, token: str | None) -> str | None:
-        """The project of ``token``, or None; every configured token is compared."""
+    def identify(self, token: str | None) -> tuple[str, bool] | None:
+        """The project of ``token`` and whether it is an admin's, or None; every configured token
+        is compared."""
         given = (token or "").encode("utf-8", "surrogateescape")
         found = None
-        for known, project in self._tokens:
+        for known, project, admin in self._tokens:
             if hmac.compare_digest(known, given) and found is None:
-                found = project
+                found = (project, admin)
         return found
 
 
@@ -45,6 +58,11 @@ def unauthorized(host: str) -> Response:
         _UNAUTHORIZED, 401, {"WWW-Authenticate": f'Keystone uri="http://{host}"'},
         media_type="application/json",
     )
+
+
+def not_authorized() -> ZaqarError:
+    """Zaqar's answer when its policy refuses the action (``errors.HTTPForbidden``)."""
+    return ZaqarError(403, "Not authorized", "You are not authorized to complete this action.")
 
 
 def wrong_project(token_project: str, asked: str) -> ZaqarError:

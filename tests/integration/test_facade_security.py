@@ -38,7 +38,8 @@ class Secured:
         self.zaqar_port, self.sonya_port, self.grpc_port = free_port(), free_port(), free_port()
         config = (
             f'[zaqar]\nlisten = "127.0.0.1:{self.zaqar_port}"\nauth = "token"\n'
-            'tokens = [{ token = "tok-p1", project = "p1" }, { token = "tok-p2", project = "p2" }]\n'
+            'tokens = [{ token = "tok-p1", project = "p1" }, { token = "tok-p2", project = "p2" },\n'
+            '  { token = "tok-ops", project = "ops", admin = true }]\n'
             + certs.tls_section("zaqar", client_certs=False)
             + f'[sonya]\nlisten = "127.0.0.1:{self.sonya_port}"\n'
             + certs.tls_section("sonya")
@@ -106,6 +107,32 @@ def test_zaqar_token_fixes_the_project(secured):
         denied = p1.get("/v1.1/queues/shared_name/messages", headers={"X-Project-Id": "p2"})
         assert denied.status_code == 403
         assert denied.json()["title"] == "Forbidden"
+
+
+def test_zaqar_pools_and_flavors_are_managed_by_admin_tokens_only(secured):
+    """Zaqar's default policy: every pools call and a flavor's create, update and delete need the
+    admin role; listing and reading flavors do not."""
+    forbidden = {"title": "Not authorized", "description": "You are not authorized to complete this action."}
+    with secured.zaqar("tok-ops") as admin, secured.zaqar("tok-p1") as user:
+        for method, path, body in (("GET", "/v1.1/pools", None), ("GET", "/v1.1/pools/px", None),
+                                   ("PUT", "/v1.1/pools/px", {"uri": "boxqueue://zq_sec", "weight": 1}),
+                                   ("PATCH", "/v1.1/pools/px", {"weight": 2}), ("DELETE", "/v1.1/pools/px", None),
+                                   ("PUT", "/v1.1/flavors/fx", {"capabilities": {}}),
+                                   ("PATCH", "/v1.1/flavors/fx", {"capabilities": {"a": 1}}),
+                                   ("DELETE", "/v1.1/flavors/fx", None)):
+            r = user.request(method, path, json=body)
+            assert r.status_code == 403 and r.json() == forbidden, (method, path, r.status_code, r.text)
+        r = admin.put("/v1.1/pools/px", json={"uri": "boxqueue://zq_sec", "weight": 1})
+        assert r.status_code == 201, r.text
+        assert admin.get("/v1.1/pools/px").json()["weight"] == 1
+        assert admin.put("/v1.1/flavors/fx", json={"capabilities": {"k": "v"}}).status_code == 201
+        # anyone may list and read flavors (of their own project)
+        assert user.get("/v1.1/flavors").status_code in (200, 204)
+        assert user.get("/v1.1/flavors/fx").status_code == 404  # the admin's flavor is in project "ops"
+        assert admin.get("/v1.1/flavors/fx").json()["name"] == "fx"
+        assert user.get("/v1.1/pools").status_code == 403  # still
+        assert admin.delete("/v1.1/flavors/fx").status_code == 204
+        assert admin.delete("/v1.1/pools/px").status_code == 204
 
 
 def test_zaqar_needs_tls(secured):

@@ -861,7 +861,7 @@ def test_tls_tokens_and_limits(tmp_path: Path) -> None:
         client_auth = "optional"
         [zaqar]
         auth = "token"
-        tokens = [{ token = "a", project = "p1" }, { token = "b", project = "p2" }]
+        tokens = [{ token = "a", project = "p1" }, { token = "b", project = "p2", admin = true }]
         max_connections = 6
         header_timeout_s = 2.5
         [zaqar.tls]
@@ -879,7 +879,7 @@ def test_tls_tokens_and_limits(tmp_path: Path) -> None:
     assert config.deckard is not None and config.deckard.token == "t0k" and config.deckard.max_connections == 5
     assert config.deckard.tls is not None and config.deckard.tls.client_auth == "optional"
     assert config.zaqar is not None and config.zaqar.auth == "token"
-    assert [(t.token, t.project) for t in config.zaqar.tokens] == [("a", "p1"), ("b", "p2")]
+    assert [(t.token, t.project, t.admin) for t in config.zaqar.tokens] == [("a", "p1", False), ("b", "p2", True)]
     assert (config.zaqar.max_connections, config.zaqar.header_timeout_s) == (6, 2.5)
     assert config.zaqar.tls is not None and config.zaqar.tls.ca_file is None
     assert config.sonya is not None and config.sonya.tls is not None and config.sonya.max_connections is None
@@ -895,6 +895,8 @@ def test_security_mistakes_name_the_key(tmp_path: Path) -> None:
     assert error(tmp_path, '[zaqar]\nauth = "token"\n') == (
         'x.toml:2: zaqar.auth = "token" needs at least one entry in zaqar.tokens')
     assert error(tmp_path, '[zaqar]\nauth = "keystone"\n') == 'x.toml:2: bad zaqar.auth: "keystone" (expected none or token)'
+    assert error(tmp_path, '[zaqar]\nauth = "token"\ntokens = [{ token = "a", project = "p", admin = "yes" }]\n') == (
+        'x.toml:3: zaqar.tokens[0].admin must be true or false, not "yes"')
     assert error(tmp_path, '[deckard]\ntoken = "has space"\n') == (
         "x.toml:2: deckard.token must be non-empty visible ASCII (it is sent in a header)")
     assert error(tmp_path, '[sonya]\nmax_connections = 0\n') == "x.toml:2: sonya.max_connections must be at least 1, not 0"
