@@ -82,7 +82,7 @@ _USER = frozenset({"name", "password", "grants"})
 _GRANT = frozenset({"privileges", "object_type", "object_name"})
 _SONYA = frozenset(
     {"listen", "max_key_updates", "service_token", "jwt_ttl_s", "longpoll_max_wait_s",
-     "task_events", "listener_buffer", "tls", "max_connections", "header_timeout_s"}
+     "task_events", "listener_buffer", "tls", "max_connections", "header_timeout_s", "body_timeout_s"}
 )
 
 
@@ -471,7 +471,8 @@ class TomlReader:
             return None
         path: Key = ("zaqar",)
         t = self.table(root["zaqar"], path, {"listen", "default_project", "space", "auth", "tokens", "tls",
-                                             "max_connections", "header_timeout_s", *ZAQAR_LIMITS})
+                                             "max_connections", "header_timeout_s", "body_timeout_s",
+                                             *ZAQAR_LIMITS})
         project = self.string(t, path, "default_project", None)
         if project == "" or (project is not None and len(project) > 256):
             raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
@@ -528,13 +529,15 @@ class TomlReader:
             "tls": self.tls(t, path),
             "max_connections": self.integer(t, path, "max_connections", None, minimum=1),
             "header_timeout_s": self.number(t, path, "header_timeout_s", 20.0, minimum=0.1),
+            "body_timeout_s": self.number(t, path, "body_timeout_s", 60.0, minimum=0.1),
         }
 
     def metrics(self, root: dict[str, Any]) -> MetricsConfig | None:
         if "metrics" not in root:
             return None
         path: Key = ("metrics",)
-        t = self.table(root["metrics"], path, {"listen", "public", "tls", "max_connections", "header_timeout_s"})
+        t = self.table(root["metrics"], path, {"listen", "public", "tls", "max_connections", "header_timeout_s",
+                                                   "body_timeout_s"})
         return MetricsConfig(
             listen=self.address(t, path, "listen", DEFAULT_METRICS_LISTEN),
             public=self.boolean(t, path, "public", False),

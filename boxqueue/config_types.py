@@ -152,6 +152,7 @@ class ZaqarConfig:
     tls: TlsConfig | None = None
     max_connections: int | None = None
     header_timeout_s: float = 20.0  # accept to the end of the first request's head
+    body_timeout_s: float = 60.0  # the end of a request's head to the end of its body
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class SonyaConfig:
     tls: TlsConfig | None = None
     max_connections: int | None = None
     header_timeout_s: float = 20.0  # accept to the end of the first request's head
+    body_timeout_s: float = 60.0  # the end of a request's head to the end of its body
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class MetricsConfig:
     tls: TlsConfig | None = None
     max_connections: int | None = None
     header_timeout_s: float = 20.0  # accept to the end of the first request's head
+    body_timeout_s: float = 60.0  # the end of a request's head to the end of its body
 
 
 @dataclass(frozen=True)

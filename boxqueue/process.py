@@ -152,12 +152,12 @@ def cfg_view(config: Config) -> dict[str, object]:
 
 
 def http_listening(section: ZaqarConfig | SonyaConfig | MetricsConfig) -> Listening:
-    """How an HTTP listener accepts: TLS, its connection limit, the head timeout (the metrics
-    listener's section has the same three keys)."""
+    """How an HTTP listener accepts: TLS, its connection limit, the head and body timeouts (the
+    metrics listener's section has the same keys)."""
     tls = section.tls
     context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
     return Listening(ssl_context=context, max_connections=section.max_connections,
-                     header_timeout_s=section.header_timeout_s)
+                     header_timeout_s=section.header_timeout_s, body_timeout_s=section.body_timeout_s)
 
 
 class Server:

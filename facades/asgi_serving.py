@@ -29,6 +29,10 @@ listener is done here once (:class:`Listening`):
 * **Slow clients**: the TLS handshake and the first request's head must arrive within
   ``header_timeout_s``; between requests hypercorn's keep-alive timeout applies (its idle timer
   runs until a whole head has arrived, so a head sent a byte at a time is cut off there too).
+* **Slow bodies**: a request's body must arrive within ``body_timeout_s`` of its head; one that
+  trickles in longer is answered ``408 Request Timeout`` with ``Connection: close`` (unless the
+  application has begun its answer) and the application reads the end of its client
+  (``http.disconnect``), so it stops waiting.
 * **Requests given up on**: an answer sent before the request's body was read to its end (a body
   too large, or refused before it was read) carries ``Connection: close``, so a keep-alive client
   does not send its next request on a connection the server is about to close.
@@ -80,6 +84,7 @@ class Listening:
     max_connections: int | None = None  # open connections at once; None: no limit
     header_timeout_s: float = 20.0  # from accept to the end of the first request's head
     keep_alive_timeout_s: float = 75.0  # idle between requests, up to the end of the next head
+    body_timeout_s: float = 60.0  # from a request's head to the end of its body
 
 
 PLAIN = Listening()  # no TLS, no connection limit, the default timeouts
@@ -114,7 +119,57 @@ async def serve_asgi(
     config = hypercorn_config(host, port, graceful_s, listening.keep_alive_timeout_s)
     if listening.ssl_context is not None:
         takeover = None  # a takeover handler needs the raw socket
-    await _FrontDoor(close_unread_requests(app), config, takeover, listening).serve(shutdown, name, task_status)
+    app = close_unread_requests(body_deadline(app, listening.body_timeout_s))
+    await _FrontDoor(app, config, takeover, listening).serve(shutdown, name, task_status)
+
+
+_TIMEOUT_BODY = b"Request Timeout: the request body did not arrive in time.\n"
+
+
+def body_deadline(app: Any, timeout_s: float) -> Any:
+    """``app`` with a deadline on each request's body: ``timeout_s`` from the start of the request
+    (its head has arrived) to the end of its body. Past it, the client is answered 408 (unless the
+    application has begun an answer) and the application's ``receive`` says the client has gone;
+    once the body has arrived, ``receive`` waits as long as the application wants (a long-poll
+    listens for the client's leaving there)."""
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _has_body(scope["headers"]):
+            await app(scope, receive, send)
+            return
+        deadline = trio.current_time() + timeout_s
+        body_done = timed_out = answering = False
+
+        async def timed_receive() -> dict[str, Any]:
+            nonlocal body_done, timed_out
+            if body_done:
+                return await receive()
+            if timed_out:
+                return {"type": "http.disconnect"}
+            with trio.move_on_at(deadline):
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    body_done = True
+                return message
+            timed_out = True
+            log.info("a request body did not arrive within %.1f s: 408", timeout_s)
+            if not answering:
+                await send({"type": "http.response.start", "status": 408, "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                    (b"content-length", str(len(_TIMEOUT_BODY)).encode())]})
+                await send({"type": "http.response.body", "body": _TIMEOUT_BODY})
+            return {"type": "http.disconnect"}
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal answering
+            if timed_out and not answering:
+                return  # the 408 went out in its place
+            answering = True
+            await send(message)
+
+        await app(scope, timed_receive, tracking_send)
+
+    return wrapped
 
 
 def close_unread_requests(app: Any) -> Any:

@@ -30,6 +30,7 @@ class Limited:
         self.zaqar_port, self.sonya_port, self.grpc_port = free_port(), free_port(), free_port()
         config = (
             f'[zaqar]\nlisten = "127.0.0.1:{self.zaqar_port}"\nmax_connections = {MAX}\nheader_timeout_s = 1.5\n'
+            'body_timeout_s = 1.5\n'
             f'[sonya]\nlisten = "127.0.0.1:{self.sonya_port}"\nmax_connections = {MAX}\n'
             f'[deckard]\nlisten = "127.0.0.1:{self.grpc_port}"\nmax_connections = {MAX}\n'
             f"{QUEUE_SPACE_0}"
@@ -124,6 +125,37 @@ def test_a_slow_head_is_cut_off(limited):
                 break
             time.sleep(0.2)
         assert s.recv(4096) == b""
+
+
+def test_a_slow_body_is_answered_408_and_the_server_goes_on(limited):
+    """A body that trickles in past body_timeout_s: 408 with Connection: close, the connection
+    closed, nothing posted; a body sent in time on the same listener is served."""
+    head = (b"POST /v1.1/queues/slowbody/messages HTTP/1.1\r\nHost: x\r\nClient-ID: " + CLIENT.encode()
+            + b"\r\nX-Project-Id: lim\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", limited.zaqar_port), timeout=15) as s:
+        s.sendall(head)
+        started = time.monotonic()
+        answer = b""
+        for byte in b'{"messages": [{"ttl": 60, "body": "' + b"x" * 100:  # one byte every 0.1 s
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            if time.monotonic() - started > 1.2:
+                s.settimeout(10)
+                break
+            time.sleep(0.1)
+        while chunk := s.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"connection: close" in answer.lower()
+        assert 1.0 < time.monotonic() - started < 10
+    headers = {"Client-ID": CLIENT, "X-Project-Id": "lim"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{limited.zaqar_port}", headers=headers, timeout=30) as z:
+        listed = z.get("/v1.1/queues/slowbody/messages?echo=true")
+        assert listed.status_code == 204 or not listed.json()["messages"]  # nothing of it was posted
+        posted = z.post("/v1.1/queues/slowbody/messages", json={"messages": [{"ttl": 60, "body": "in time"}]})
+        assert posted.status_code == 201
 
 
 def test_answers_to_requests_given_up_on_say_connection_close(limited):

@@ -864,6 +864,7 @@ def test_tls_tokens_and_limits(tmp_path: Path) -> None:
         tokens = [{ token = "a", project = "p1" }, { token = "b", project = "p2", admin = true }]
         max_connections = 6
         header_timeout_s = 2.5
+        body_timeout_s = 7
         [zaqar.tls]
         cert_file = "certs/s.crt"
         key_file = "certs/s.key"
@@ -880,7 +881,8 @@ def test_tls_tokens_and_limits(tmp_path: Path) -> None:
     assert config.deckard.tls is not None and config.deckard.tls.client_auth == "optional"
     assert config.zaqar is not None and config.zaqar.auth == "token"
     assert [(t.token, t.project, t.admin) for t in config.zaqar.tokens] == [("a", "p1", False), ("b", "p2", True)]
-    assert (config.zaqar.max_connections, config.zaqar.header_timeout_s) == (6, 2.5)
+    assert (config.zaqar.max_connections, config.zaqar.header_timeout_s, config.zaqar.body_timeout_s) == (6, 2.5, 7)
+    assert config.sonya is not None and config.sonya.body_timeout_s == 60.0  # the default
     assert config.zaqar.tls is not None and config.zaqar.tls.ca_file is None
     assert config.sonya is not None and config.sonya.tls is not None and config.sonya.max_connections is None
 
