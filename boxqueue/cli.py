@@ -1,28 +1,42 @@
-"""``boxqueue serve --config FILE [--data-dir DIR]``."""
+"""``boxqueue serve --config FILE [--data-dir DIR]``, ``boxqueue check-config FILE``,
+``boxqueue --version``."""
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import logging
 import sys
 
 import trio
 
 from boxqueue import tls
+from boxqueue.compiled import stale_extensions
 from boxqueue.config import ConfigError, load_config
 from boxqueue.process import Server
 from errcodes import BoxError
 from storage.environment import StorageError
 
 
+def version() -> str:
+    """The installed distribution's version (the project's ``pyproject.toml``)."""
+    try:
+        return importlib.metadata.version("boxqueue")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="boxqueue", description="A Tarantool-compatible queue server")
+    parser.add_argument("--version", action="version", version=f"boxqueue {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the server")
     serve.add_argument("--config", required=True, help="TOML config, or a Tarantool 1.5 .cfg")
     serve.add_argument("--data-dir", help="LMDB directory (overrides data_dir)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    check = commands.add_parser("check-config", help="validate a configuration file without starting anything")
+    check.add_argument("file", help="TOML config, or a Tarantool 1.5 .cfg")
     return parser
 
 
@@ -37,8 +51,28 @@ def tune_interpreter() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
+def check_config(path: str) -> int:
+    """Read and check a configuration as ``serve`` would (keys, types, files it names such as TLS
+    certificates), and say so: 0 when it would start, 2 with the reason otherwise."""
+    try:
+        config = load_config(path)
+        tls.check_all(config)
+    except ConfigError as exc:
+        print(f"boxqueue: {exc}", file=sys.stderr)
+        return 2
+    print(f"{path}: ok")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file)
+    stale = stale_extensions(built_here_only=True)
+    if stale:  # what would run is not what the sources say
+        print("boxqueue: compiled modules are older than their sources (run `make build`, or set "
+              f"BOXQUEUE_PURE=1): {', '.join(stale)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

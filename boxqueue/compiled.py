@@ -99,14 +99,18 @@ def is_compiled(module: object) -> bool:
     return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)
 
 
-def stale_extensions() -> list[str]:
+def stale_extensions(built_here_only: bool = False) -> list[str]:
     """Compiled modules whose extension is missing or older than the source they came from; empty
-    in pure mode. Running stale extensions would test yesterday's code."""
+    in pure mode. Running stale extensions would test yesterday's code. ``built_here_only``: look
+    only at modules built in place (their generated C beside the source, as ``make build`` leaves
+    it), not at an installed package, whose files' times say when they were unpacked."""
     if pure_requested():
         return []
     stale = []
     for module in COMPILED_MODULES:
         source = source_path(module)
+        if built_here_only and not source.with_suffix(".c").exists():
+            continue
         declarations = source.with_suffix(".pxd")
         newest = max(p.stat().st_mtime for p in (source, declarations) if p.exists())
         built = sorted(source.parent.glob(source.stem + ".*.so"))

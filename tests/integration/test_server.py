@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -347,6 +348,44 @@ def test_bad_config_stops_with_file_line_and_key(tmp_path):
     assert proc.returncode == 2
     assert "bad.toml:4" in proc.stderr and "lisen" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@ours
+def test_check_config_and_version_start_nothing(tmp_path):
+    import subprocess
+    import sys
+    import tomllib
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "boxqueue.cli", *args], capture_output=True, text=True,
+                              timeout=30, cwd=tmp_path)
+
+    shipped = Path(__file__).parents[2] / "conf" / "boxqueue.toml"
+    ok = run("check-config", str(shipped))
+    assert ok.returncode == 0 and ok.stdout.strip() == f"{shipped}: ok", ok
+    assert not (tmp_path / "data").exists() and not list(tmp_path.iterdir())  # nothing made, nothing opened
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[zaqar]\nauth = "token"\ntokens = [{ token = "a", project = "p", admin = "yes" }]\n')
+    refused = run("check-config", str(bad))
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f'boxqueue: {bad}:3: zaqar.tokens[0].admin must be true or false, not "yes"'), refused
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    shown = run("--version")
+    assert shown.returncode == 0 and shown.stdout.strip() == f"boxqueue {project['version']}"
+
+
+@ours
+def test_serve_refuses_compiled_modules_older_than_their_sources(tmp_path, monkeypatch, capsys):
+    """What would run must be what the sources say (as the test suite itself checks)."""
+    from boxqueue import cli
+
+    monkeypatch.setattr(cli, "stale_extensions", lambda built_here_only: ["tubes.engine_base"])
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('data_dir = "d"\n')
+    assert cli.main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "older than their sources" in err and "tubes.engine_base" in err, err
+    assert not (tmp_path / "d").exists()  # refused before anything was opened
 
 
 @ours
