@@ -13,6 +13,7 @@ See bench/README.md for usage and the meaning of the columns.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -194,7 +195,7 @@ def error_message(code: int, packet: bytes) -> str:
     try:
         _, _, body = decode_generic(packet)
         message = body.get(KEY_ERROR_24, "")
-    except Exception as exc:  # noqa: BLE001 - only for the report
+    except Exception as exc:
         message = f"<undecodable error body: {exc}>"
     return f"0x{code:x} {message}"
 
@@ -365,7 +366,7 @@ def _worker_entry(spec: WorkerSpec, barrier: Any, start_at: Any, results: Any) -
         conns = [connect(spec.host, spec.port) for _ in range(spec.connections)]
         barrier.wait(timeout=60)
         results.put(run_worker(spec, conns, start_at.value))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         barrier.abort()
         results.put(WorkerResult(failure=f"{type(exc).__name__}: {exc}"))
 
@@ -452,10 +453,8 @@ def measure(
     for worker in workers:
         worker.start()
     start_at.value = time.monotonic() + 0.5  # time for every worker to connect
-    try:
+    with contextlib.suppress(Exception):
         barrier.wait(timeout=60)
-    except Exception:  # noqa: BLE001 - the workers report why
-        pass
     window_start = start_at.value + args.warmup
     time.sleep(max(0.0, window_start - time.monotonic()))
     cpu_before = process_cpu(server_pid)
@@ -940,7 +939,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for target in targets:
         try:
             run_target(target, args, results)
-        except Exception as exc:  # noqa: BLE001 - a target that fails to run is reported
+        except Exception as exc:
             failures[target] = str(exc)
             print(f"[{target}] FAILED: {exc}", flush=True)
 

@@ -23,6 +23,7 @@ See bench/README.md for usage and the meaning of the columns.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -452,7 +453,7 @@ def _worker_entry(
         socks = [connect(spec.host, spec.port) for _ in range(spec.producers + spec.consumers)]
         barrier.wait(timeout=60)
         results.put(Worker(spec, socks, counters).run(start_at.value))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         barrier.abort()
         results.put(WorkerResult(failure=f"{type(exc).__name__}: {exc}"))
 
@@ -508,7 +509,7 @@ def _sequential_client(spec: SequentialSpec, conn: Any, start_ns: int, out: dict
             conn.call(ack_fn, [*ack_args, taken[0][0]])
             acks_total += 1
             t3 = monotonic_ns()
-        except Exception as exc:  # noqa: BLE001 - counted and sampled, as the pipelined mode does
+        except Exception as exc:
             errors += 1
             if len(samples) < 5:
                 samples.append(f"{type(exc).__name__}: {exc}")
@@ -557,7 +558,7 @@ def _sequential_entry(spec: SequentialSpec, barrier: Any, start_at: Any, results
         for c in conns:
             c.close()
         results.put(out)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         barrier.abort()
         results.put({"failure": f"{type(exc).__name__}: {exc}"})
 
@@ -580,10 +581,8 @@ def measure_sequential(
     for worker in workers:
         worker.start()
     start_at.value = time.monotonic() + 0.5
-    try:
+    with contextlib.suppress(Exception):
         barrier.wait(timeout=60)
-    except Exception:  # noqa: BLE001 - the workers report why
-        pass
     server_cpu_s = 0.0
     if server_pid is not None:
         time.sleep(max(0.0, start_at.value + args.warmup - time.monotonic()))
@@ -720,10 +719,8 @@ def measure(
     for worker in workers:
         worker.start()
     start_at.value = time.monotonic() + 0.5  # time for every worker to connect
-    try:
+    with contextlib.suppress(Exception):
         barrier.wait(timeout=60)
-    except Exception:  # noqa: BLE001 - the workers report why
-        pass
     server_cpu_s = 0.0
     if server_pid is not None:  # the server's CPU over the measured window, sampled from here
         time.sleep(max(0.0, start_at.value + args.warmup - time.monotonic()))
@@ -1099,7 +1096,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     check_server(m, args)
                     results.append(m)
                     print(describe(m), flush=True)
-            except Exception as exc:  # noqa: BLE001 - a mode that fails to run is reported
+            except Exception as exc:
                 failures[f"{target} wal={wal}"] = str(exc)
                 print(f"[{target} wal={wal}] FAILED: {exc}", flush=True)
 

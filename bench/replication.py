@@ -329,7 +329,7 @@ class LagSampler:
         self.stop_event.set()
         try:
             self.samples = self.results.get(timeout=30)
-        except Exception:  # noqa: BLE001 - reported as no samples
+        except Exception:
             self.samples = []
         self.proc.join(timeout=10)
 
@@ -507,11 +507,7 @@ def print_throughput(results: dict[str, Any], args: argparse.Namespace, report: 
         ["workload", "setup", "quorum", "ops/s", "vs single", "p50 ms", "p99 ms", "leader cpu us/op",
          "set cpu us/op", "errors", "status"],
         rows,
-        notes + ["ops/s: replaces/s, or tasks acked/s for queue (3 writes each: put, take, ack); "
-                 "p50/p99: replace latency, or put latency for queue; leader cpu: the leader's (or the "
-                 "single node's) CPU time per op over the window; set cpu: every member's together "
-                 "(the leader's per op, scaled by the whole set's CPU over the leader's during the load)",
-                 "all three nodes of a set run on this machine: followers take CPU from the leader"],
+        [*notes, "ops/s: replaces/s, or tasks acked/s for queue (3 writes each: put, take, ack); " "p50/p99: replace latency, or put latency for queue; leader cpu: the leader's (or the " "single node's) CPU time per op over the window; set cpu: every member's together " "(the leader's per op, scaled by the whole set's CPU over the leader's during the load)", "all three nodes of a set run on this machine: followers take CPU from the leader"],
     )
 
 
@@ -579,10 +575,7 @@ def print_lag(results: dict[str, Any], args: argparse.Namespace, report: Report)
         ["setup", "view", "samples", "records p50", "records p99", "records max", "seconds p50",
          "seconds p99", "seconds max", "status"],
         rows,
-        notes + ["records: lag_records (leader: its lsn minus the follower's acknowledged lsn; follower: "
-                 "the leader's lsn it knows minus its own); seconds: lag (leader: time since the "
-                 "follower's last acknowledgement while it is behind, else 0; follower: now minus the "
-                 "timestamp of the last record applied)"],
+        [*notes, "records: lag_records (leader: its lsn minus the follower's acknowledged lsn; follower: " "the leader's lsn it knows minus its own); seconds: lag (leader: time since the " "follower's last acknowledgement while it is behind, else 0; follower: now minus the " "timestamp of the last record applied)"],
     )
 
 
@@ -839,7 +832,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def attempt(what: str, action: Callable[[], None]) -> None:
         try:
             action()
-        except Exception as exc:  # noqa: BLE001 - a part that fails is reported, the others run
+        except Exception as exc:
             failed.append(what)
             report.problem(f"{what} failed: {exc}")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import iproto_load as load  # noqa: E402
+import iproto_load as load
 
 OPS = ("ping", "select", "call", "replace")
 

@@ -70,7 +70,7 @@ def start_server(
         f'data_dir = "data"\n[iproto]\nlisten = "127.0.0.1:{iproto_port}"\n[wal]\nmode = "{wal}"\n'
         f'[sonya]\nlisten = "127.0.0.1:{http_port}"\nmax_key_updates = 100\nlongpoll_max_wait_s = 60\n'
     )
-    log = open(workdir / "server.log", "ab")
+    log = open(workdir / "server.log", "ab")  # noqa: SIM115 - handed to the server process
     interpreter = sys.executable if root == ROOT else str(root / ".venv" / "bin" / "python")
     python = [interpreter] + (["-m", "cProfile", "-o", str(Path(profile).resolve())] if profile else [])
     command = ["-m", "boxqueue.cli", "serve", "--config", str(config)]
@@ -94,7 +94,7 @@ def start_server(
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 # A receipt: (sequence, time the listener got it, time just before its send request).
@@ -399,10 +399,7 @@ def main() -> int:
                         help="run the server under valgrind's callgrind twice (--messages, then twice as many)"
                              " and report its instructions per extra delivery")
     args = parser.parse_args()
-    if args.callgrind:
-        result = instructions_per_delivery(args)
-    else:
-        result = run_once(args)
+    result = instructions_per_delivery(args) if args.callgrind else run_once(args)
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

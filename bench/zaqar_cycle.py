@@ -31,7 +31,7 @@ import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.serverproc import ServerProcess, free_port  # noqa: E402
+from tests.serverproc import ServerProcess, free_port
 
 
 async def client_loop(base: str, queue: str, batch: int, until: float, warmup_end: float) -> tuple[int, list[float]]:

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(Server(config).run)
     except KeyboardInterrupt:
         return 0
-    except BaseException as exc:  # noqa: BLE001 - report start-up failures without a traceback
+    except BaseException as exc:
         leaves = _leaves(exc)
         if leaves and all(isinstance(e, StorageError | OSError | BoxError) for e in leaves):
             for leaf in leaves:

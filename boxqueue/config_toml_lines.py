@@ -5,6 +5,7 @@ Only used on text ``tomllib`` has already accepted; errors then name the line of
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from bisect import bisect_left
@@ -28,10 +29,8 @@ class TomlLines:
         self._pos = 0
         self._newlines = [i for i, ch in enumerate(text) if ch == "\n"]
         self.lines: dict[Key, int] = {}
-        try:
-            self._document()
-        except (IndexError, ValueError, tomllib.TOMLDecodeError):
-            pass  # best effort: lines found so far stay usable
+        with contextlib.suppress(IndexError, ValueError, tomllib.TOMLDecodeError):
+            self._document()  # best effort: the lines found before a failure stay usable
 
     def line_of(self, path: Sequence[str | int]) -> int | None:
         """The line of ``path``, or of its nearest enclosing key that has one."""
@@ -79,9 +78,9 @@ class TomlLines:
                 names = self._key()
                 self._pos += 2  # "]]"
                 parent = self._resolve(names[:-1], arrays)
-                array = parent + (names[-1],)
+                array = (*parent, names[-1])
                 arrays[array] = arrays.get(array, 0) + 1
-                table = array + (arrays[array] - 1,)
+                table = (*array, arrays[array] - 1)
                 self._note(table, line)
             elif self._peek() == "[":
                 self._pos += 1
@@ -150,8 +149,8 @@ class TomlLines:
                 if self._peek() == "]":
                     self._pos += 1
                     return
-                self._note(path + (item,), self._line())
-                self._value(path + (item,))
+                self._note((*path, item), self._line())
+                self._value((*path, item))
                 item += 1
                 self._skip(newlines=True)
                 if self._peek() == ",":

@@ -201,7 +201,7 @@ class TomlReader:
         """``[<section>.tls]``: files relative to the config file, each checked to be readable."""
         if "tls" not in t:
             return None
-        tpath = path + ("tls",)
+        tpath = (*path, "tls")
         allowed = _TLS | {"client_auth"} if client_auth else _TLS
         tt = self.table(t["tls"], tpath, allowed)
 
@@ -210,19 +210,19 @@ class TomlReader:
             if name is None:
                 return None
             if not name:
-                raise self.fail(tpath + (key,), f"{dotted(tpath + (key,))} is empty")
+                raise self.fail((*tpath, key), f"{dotted((*tpath, key))} is empty")
             found = absolute_path(self.folder / name)
             if not os.access(found, os.R_OK) or not found.is_file():
-                raise self.fail(tpath + (key,), f"{dotted(tpath + (key,))}: cannot read {found}")
+                raise self.fail((*tpath, key), f"{dotted((*tpath, key))}: cannot read {found}")
             return found
 
         ca_file = file("ca_file", False)
         mode = self.string(tt, tpath, "client_auth", "require")
         if mode not in ("require", "optional"):
-            raise self.fail(tpath + ("client_auth",), f"bad {dotted(tpath + ('client_auth',))}: {show(mode)} "
+            raise self.fail((*tpath, "client_auth"), f"bad {dotted((*tpath, 'client_auth'))}: {show(mode)} "
                             "(expected require or optional)")
         if "client_auth" in tt and ca_file is None:
-            raise self.fail(tpath + ("client_auth",), f"{dotted(tpath + ('client_auth',))} needs ca_file")
+            raise self.fail((*tpath, "client_auth"), f"{dotted((*tpath, 'client_auth'))} needs ca_file")
         ciphers = self.string(tt, tpath, "ciphers", None)
         return TlsConfig(
             cert_file=file("cert_file", True),  # type: ignore[arg-type]
@@ -246,7 +246,7 @@ class TomlReader:
         mode = self.string(t, path, "mode", "fsync")
         if mode not in WAL_MODES:
             raise self.fail(
-                path + ("mode",), f"bad wal.mode: {show(mode)} (expected fsync, write or none)"
+                (*path, "mode"), f"bad wal.mode: {show(mode)} (expected fsync, write or none)"
             )
         return WalConfig(
             mode,
@@ -268,9 +268,9 @@ class TomlReader:
         for path, t in self.tables(root, (), "users", _USER):
             name = self.name(t, path, "name")
             if name == "guest":
-                raise self.fail(path + ("name",), "guest is configured with [guest], not [[users]]")
+                raise self.fail((*path, "name"), "guest is configured with [guest], not [[users]]")
             if any(u.name == name for u in users):
-                raise self.fail(path + ("name",), f"duplicate user name {show(name)}")
+                raise self.fail((*path, "name"), f"duplicate user name {show(name)}")
             password = self.string(t, path, "password")
             users.append(UserConfig(name, password, self.grants(t, path)))
         return tuple(users)
@@ -282,23 +282,23 @@ class TomlReader:
             for i, privilege in enumerate(privileges):
                 if privilege not in PRIVILEGES:
                     raise self.fail(
-                        gpath + ("privileges", i),
+                        (*gpath, "privileges", i),
                         f"unknown privilege {show(privilege)} in {dotted(gpath)} "
                         "(expected read, write or execute)",
                     )
             if not privileges:
-                raise self.fail(gpath + ("privileges",), f"{dotted(gpath)}.privileges is empty")
+                raise self.fail((*gpath, "privileges"), f"{dotted(gpath)}.privileges is empty")
             object_type = self.string(g, gpath, "object_type")
             if object_type not in OBJECT_TYPES:
                 raise self.fail(
-                    gpath + ("object_type",),
+                    (*gpath, "object_type"),
                     f"bad object_type {show(object_type)} in {dotted(gpath)} "
                     "(expected universe, space or function)",
                 )
             object_name = self.string(g, gpath, "object_name", None)
             if object_type == "universe" and object_name is not None:
                 raise self.fail(
-                    gpath + ("object_name",), f"{dotted(gpath)}: the universe has no object_name"
+                    (*gpath, "object_name"), f"{dotted(gpath)}: the universe has no object_name"
                 )
             if object_type != "universe" and not object_name:
                 raise self.fail(
@@ -316,9 +316,9 @@ class TomlReader:
             space = self.space(t, path)
             for other in spaces:
                 if space.id is not None and other.id == space.id:
-                    raise self.fail(path + ("id",), f"duplicate space id {space.id}")
+                    raise self.fail((*path, "id"), f"duplicate space id {space.id}")
                 if other.name == space.name:
-                    raise self.fail(path + ("name",), f"duplicate space name {show(space.name)}")
+                    raise self.fail((*path, "name"), f"duplicate space name {show(space.name)}")
             spaces.append(space)
         return spaces
 
@@ -340,14 +340,11 @@ class TomlReader:
 
     def space(self, t: dict[str, Any], path: Key) -> SpaceConfig:
         space_id = self.integer(t, path, "id", None, minimum=0, maximum=MAX_SPACE_ID)
-        if "name" in t or space_id is None:
-            name = self.name(t, path, "name")
-        else:
-            name = f"space{space_id}"
+        name = self.name(t, path, "name") if "name" in t or space_id is None else f"space{space_id}"
         engine = self.string(t, path, "engine", "memtx")
         if engine not in ENGINES:
             raise self.fail(
-                path + ("engine",), f"bad engine {show(engine)} in {dotted(path)} "
+                (*path, "engine"), f"bad engine {show(engine)} in {dotted(path)} "
                 "(expected memtx or vinyl)",
             )
         fmt = self.format(t, path)
@@ -355,7 +352,7 @@ class TomlReader:
         for ipath, it in self.tables(t, path, "indexes", _INDEX):
             index = self.index(it, ipath, len(indexes), fmt)
             if any(i.name == index.name for i in indexes):
-                raise self.fail(ipath + ("name",), f"duplicate index name {show(index.name)}")
+                raise self.fail((*ipath, "name"), f"duplicate index name {show(index.name)}")
             indexes.append(index)
         temporary = self.boolean(t, path, "temporary", False)
         return SpaceConfig(space_id, name, engine, fmt, tuple(indexes), temporary)
@@ -365,7 +362,7 @@ class TomlReader:
         for fpath, ft in self.tables(t, path, "format", _FIELD):
             name = self.name(ft, fpath, "name")
             if any(f.name == name for f in fields):
-                raise self.fail(fpath + ("name",), f"duplicate field name {show(name)}")
+                raise self.fail((*fpath, "name"), f"duplicate field name {show(name)}")
             ftype = self.field_type(ft, fpath, "type", "any")
             fields.append(FieldConfig(name, ftype, self.boolean(ft, fpath, "is_nullable", False)))
         return tuple(fields)
@@ -377,12 +374,12 @@ class TomlReader:
         itype = self.string(t, path, "type", "TREE").upper()
         if itype not in INDEX_TYPES:
             raise self.fail(
-                path + ("type",), f"unsupported index type {show(t['type'])} in {dotted(path)} "
+                (*path, "type"), f"unsupported index type {show(t['type'])} in {dotted(path)} "
                 "(expected TREE or HASH)",
             )
         unique = self.boolean(t, path, "unique", True)
         raw_parts = self.array(t, path, "parts")
-        parts = tuple(self.part(p, path + ("parts", i), fmt) for i, p in enumerate(raw_parts))
+        parts = tuple(self.part(p, (*path, "parts", i), fmt) for i, p in enumerate(raw_parts))
         index = IndexConfig(name, itype, unique, parts)
         problem = index_problem(index, position)
         if problem is not None:
@@ -403,21 +400,21 @@ class TomlReader:
         if isinstance(field, str):
             names = [f.name for f in fmt]
             if field not in names:
-                raise self.fail(path + ("field",), f"no field named {show(field)} in the format")
+                raise self.fail((*path, "field"), f"no field named {show(field)} in the format")
             field = names.index(field)
         elif type(field) is not int or field < 0:
             raise self.fail(
-                path + ("field",),
+                (*path, "field"),
                 f"{dotted(path)}.field must be a field number (0-based) or name, "
                 f"not {show(field)}",
             )
         declared = fmt[field] if field < len(fmt) else None
         ptype = self.field_type(t, path, "type", declared.type if declared else "unsigned")
         if not fieldtypes.indexable(ptype):
-            raise self.fail(path + ("type",), f"{dotted(path)}: a {ptype} field cannot be indexed")
+            raise self.fail((*path, "type"), f"{dotted(path)}: a {ptype} field cannot be indexed")
         if declared is not None and not compatible_part_type(declared.type, ptype):
             raise self.fail(
-                path + ("type",),
+                (*path, "type"),
                 f"{dotted(path)}: field {field} is {declared.type} in the format, not {ptype}",
             )
         nullable = self.boolean(t, path, "is_nullable", declared.is_nullable if declared else False)
@@ -425,10 +422,10 @@ class TomlReader:
         if collation is not None:
             if ptype not in ("string", "scalar"):
                 raise self.fail(
-                    path + ("collation",), f"{dotted(path)}: only string parts have a collation"
+                    (*path, "collation"), f"{dotted(path)}: only string parts have a collation"
                 )
             if collation not in ("none", "binary") and not collation.startswith("unicode"):
-                raise self.fail(path + ("collation",), f"unknown collation {show(collation)}")
+                raise self.fail((*path, "collation"), f"unknown collation {show(collation)}")
         return PartConfig(field, ptype, nullable, collation)
 
     # -- facades -----------------------------------------------------------------------------
@@ -455,7 +452,7 @@ class TomlReader:
         if value is None:
             return None
         if not value or not all(0x21 <= ord(c) <= 0x7E for c in value):
-            raise self.fail(path + (key,), f"{dotted(path + (key,))} must be non-empty visible ASCII "
+            raise self.fail((*path, key), f"{dotted((*path, key))} must be non-empty visible ASCII "
                             "(it is sent in a header)")
         return str(value)
 
@@ -463,7 +460,7 @@ class TomlReader:
         """The ``space`` of a facade: a space name (no control characters, at most 64)."""
         name = self.name(t, path, "space", default)
         if len(name) > 64 or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-            raise self.fail(path + ("space",), f"{dotted(path + ('space',))} is not a usable space name: {show(name)}")
+            raise self.fail((*path, "space"), f"{dotted((*path, 'space'))} is not a usable space name: {show(name)}")
         return name
 
     def zaqar(self, root: dict[str, Any]) -> ZaqarConfig | None:
@@ -475,7 +472,7 @@ class TomlReader:
                                              *ZAQAR_LIMITS})
         project = self.string(t, path, "default_project", None)
         if project == "" or (project is not None and len(project) > 256):
-            raise self.fail(path + ("default_project",), "zaqar.default_project must be 1 to 256 characters")
+            raise self.fail((*path, "default_project"), "zaqar.default_project must be 1 to 256 characters")
         limits = tuple(
             (key, self.integer(t, path, key, None, minimum=minimum))
             for key, minimum in ZAQAR_LIMITS.items()
@@ -483,17 +480,17 @@ class TomlReader:
         )
         auth = self.string(t, path, "auth", "none")
         if auth not in ("none", "token"):
-            raise self.fail(path + ("auth",), f"bad zaqar.auth: {show(auth)} (expected none or token)")
+            raise self.fail((*path, "auth"), f"bad zaqar.auth: {show(auth)} (expected none or token)")
         tokens: list[ZaqarToken] = []
         for tpath, tt in self.tables(t, path, "tokens", frozenset({"token", "project", "admin"})):
             token = self.secret(tt, tpath, "token")
             if token is None:
                 raise self.fail(tpath, f"missing key 'token' in {dotted(tpath)}")
             if any(known.token == token for known in tokens):
-                raise self.fail(tpath + ("token",), f"{dotted(tpath)}: the same token twice")
+                raise self.fail((*tpath, "token"), f"{dotted(tpath)}: the same token twice")
             tokens.append(ZaqarToken(token, self.name(tt, tpath, "project"), self.boolean(tt, tpath, "admin", False)))
         if auth == "token" and not tokens:
-            raise self.fail(path + ("auth",), 'zaqar.auth = "token" needs at least one entry in zaqar.tokens')
+            raise self.fail((*path, "auth"), 'zaqar.auth = "token" needs at least one entry in zaqar.tokens')
         return ZaqarConfig(
             listen=self.address(t, path, "listen", DEFAULT_ZAQAR_LISTEN),
             default_project=project,
@@ -511,7 +508,7 @@ class TomlReader:
         t = self.table(root["sonya"], path, _SONYA)
         token = self.string(t, path, "service_token", None)
         if token == "":
-            raise self.fail(path + ("service_token",), "sonya.service_token is empty")
+            raise self.fail((*path, "service_token"), "sonya.service_token is empty")
         return SonyaConfig(
             listen=self.address(t, path, "listen", DEFAULT_SONYA_LISTEN),
             max_key_updates=self.integer(t, path, "max_key_updates", None, minimum=0),
@@ -557,44 +554,44 @@ class TomlReader:
         for ppath, pt in self.tables(t, path, "peers", frozenset({"name", "uri"})):
             peer_name = self.name(pt, ppath, "name")
             if any(p.name == peer_name for p in peers):
-                raise self.fail(ppath + ("name",), f"duplicate peer name {show(peer_name)}")
+                raise self.fail((*ppath, "name"), f"duplicate peer name {show(peer_name)}")
             uri = self.address(pt, ppath, "uri", None)
             if uri is None:
                 raise self.fail(ppath, f"missing key 'uri' in {dotted(ppath)}")
             peers.append(PeerConfig(peer_name, uri))
         if len(peers) > 31:
-            raise self.fail(path + ("peers",), "a replica set has at most 31 peers")
+            raise self.fail((*path, "peers"), "a replica set has at most 31 peers")
         me = next((p for p in peers if p.name == name), None)
         if me is None:
-            raise self.fail(path + ("name",), f"replication.name {show(name)} is not one of replication.peers")
+            raise self.fail((*path, "name"), f"replication.name {show(name)} is not one of replication.peers")
         listen = config.iproto.listen
         wildcard = listen is not None and listen.host in ("0.0.0.0", "::")
         if me.uri != listen and not (wildcard and listen is not None and me.uri.port == listen.port):
-            raise self.fail(path + ("peers",), f"this instance's uri ({me.uri}) is not its [iproto] listen "
+            raise self.fail((*path, "peers"), f"this instance's uri ({me.uri}) is not its [iproto] listen "
                             f"address ({config.iproto.listen})")
         user = self.string(t, path, "user", None)
         password = self.string(t, path, "password", None)
         if user is not None:
             if user != "admin" and all(u.name != user for u in config.users):
-                raise self.fail(path + ("user",), f"replication.user {show(user)} is not one of [[users]]")
+                raise self.fail((*path, "user"), f"replication.user {show(user)} is not one of [[users]]")
             if password is None:
                 raise self.fail(path, "replication.user needs replication.password")
         quorum = self.integer(t, path, "synchro_quorum", len(peers) // 2 + 1, minimum=1)
         if quorum > len(peers):
-            raise self.fail(path + ("synchro_quorum",), f"replication.synchro_quorum {quorum} is more than the "
+            raise self.fail((*path, "synchro_quorum"), f"replication.synchro_quorum {quorum} is more than the "
                             f"{len(peers)} peers")
         if config.wal.mode != "fsync":
             raise self.fail(path, 'a replica set replicates the write-ahead log: [wal] mode must be "fsync"')
         etcd = EtcdConfig()
         if "etcd" in t:
-            epath = path + ("etcd",)
+            epath = (*path, "etcd")
             et = self.table(t["etcd"], epath, {"endpoints", "prefix", "lease_ttl_s"})
             endpoints = tuple(self.strings(et, epath, "endpoints", list(etcd.endpoints)))
             if not endpoints:
-                raise self.fail(epath + ("endpoints",), "replication.etcd.endpoints is empty")
+                raise self.fail((*epath, "endpoints"), "replication.etcd.endpoints is empty")
             prefix = self.string(et, epath, "prefix", etcd.prefix)
             if not prefix.startswith("/") or prefix.endswith("/"):
-                raise self.fail(epath + ("prefix",), "replication.etcd.prefix must start with '/' and not end with it")
+                raise self.fail((*epath, "prefix"), "replication.etcd.prefix must start with '/' and not end with it")
             etcd = EtcdConfig(endpoints, prefix, self.integer(et, epath, "lease_ttl_s", etcd.lease_ttl_s, minimum=2))
         return ReplicationConfig(
             name=name,
@@ -615,7 +612,7 @@ class TomlReader:
         for key in value:
             if key not in allowed:
                 where = f" in [{path[0]}]" if len(path) == 1 else f" in {dotted(path)}" if path else ""
-                raise self.fail(path + (key,), f"unknown key {key!r}{where}")
+                raise self.fail((*path, key), f"unknown key {key!r}{where}")
         return value
 
     def tables(
@@ -625,7 +622,7 @@ class TomlReader:
         items = self.array(t, path, key, [])
         out = []
         for i, item in enumerate(items):
-            ipath = path + (key, i)
+            ipath = (*path, key, i)
             out.append((ipath, self.table(item, ipath, allowed)))
         return out
 
@@ -638,7 +635,7 @@ class TomlReader:
         return default
 
     def wrong(self, path: Key, key: str, what: str, value: Any) -> ConfigError:
-        return self.fail(path + (key,), f"{dotted(path + (key,))} must be {what}, not {show(value)}")
+        return self.fail((*path, key), f"{dotted((*path, key))} must be {what}, not {show(value)}")
 
     def string(self, t: dict[str, Any], path: Key, key: str, default: Any = _MISSING) -> Any:
         value = self.get(t, path, key, default)
@@ -649,7 +646,7 @@ class TomlReader:
     def name(self, t: dict[str, Any], path: Key, key: str, default: Any = _MISSING) -> str:
         value = self.string(t, path, key, default)
         if not value:
-            raise self.fail(path + (key,), f"{dotted(path + (key,))} is empty")
+            raise self.fail((*path, key), f"{dotted((*path, key))} is empty")
         return str(value)
 
     def strings(self, t: dict[str, Any], path: Key, key: str, default: Any = _MISSING) -> list[str]:
@@ -657,7 +654,7 @@ class TomlReader:
         for i, value in enumerate(values):
             if not isinstance(value, str):
                 raise self.fail(
-                    path + (key, i), f"{dotted(path + (key, i))} must be a string, not {show(value)}"
+                    (*path, key, i), f"{dotted((*path, key, i))} must be a string, not {show(value)}"
                 )
         return list(values)
 
@@ -684,7 +681,7 @@ class TomlReader:
             raise self.wrong(path, key, "an integer", value)
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             bounds = f"at least {minimum}" if maximum is None else f"{minimum}..{maximum}"
-            raise self.fail(path + (key,), f"{dotted(path + (key,))} must be {bounds}, not {value}")
+            raise self.fail((*path, key), f"{dotted((*path, key))} must be {bounds}, not {value}")
         return value
 
     def number(
@@ -694,7 +691,7 @@ class TomlReader:
         if type(value) not in (int, float) or value != value:
             raise self.wrong(path, key, "a number", value)
         if value < minimum:
-            raise self.fail(path + (key,), f"{dotted(path + (key,))} must be at least {minimum}")
+            raise self.fail((*path, key), f"{dotted((*path, key))} must be at least {minimum}")
         return float(value)
 
     def address(self, t: dict[str, Any], path: Key, key: str, default: Any) -> Any:
@@ -708,7 +705,7 @@ class TomlReader:
         except AddressError as err:
             hint = "" if err.part == "port" else ' (expected "host:port", IPv6 as "[::1]:3301")'
             raise self.fail(
-                path + (key,), f"bad {err.part} in {dotted(path + (key,))}: {show(value)}{hint}"
+                (*path, key), f"bad {err.part} in {dotted((*path, key))}: {show(value)}{hint}"
             ) from None
 
     def field_type(self, t: dict[str, Any], path: Key, key: str, default: str) -> str:
@@ -716,6 +713,6 @@ class TomlReader:
         canonical = fieldtypes.normalize(value)
         if canonical is None:
             raise self.fail(
-                path + (key,), f"unknown field type in {dotted(path + (key,))}: {show(value)}"
+                (*path, key), f"unknown field type in {dotted((*path, key))}: {show(value)}"
             )
         return canonical

@@ -207,7 +207,7 @@ class _Parser:
             while not self.accept("]"):
                 if self.peek().kind == "end":
                     raise self.unexpected(f"expected ']' to close {dotted(path)}")
-                self.value(path + (item,), self.peek().line)
+                self.value((*path, item), self.peek().line)
                 item += 1
                 self.accept(",")
         elif token.kind == "punct" and token.text == "{":
@@ -317,7 +317,7 @@ class _Reader:
     def spaces(self, value: Any, path: Key) -> list[SpaceConfig]:
         out = []
         for number, entry in sorted(self.array(value, path).items()):
-            space = self.space(entry, path + (number,), number)
+            space = self.space(entry, (*path, number), number)
             if space is not None:
                 out.append(space)
         return out
@@ -328,17 +328,17 @@ class _Reader:
             return None
         for key in ("cardinality", "arity", "estimated_rows"):
             if key in t and type(t[key]) is not int:
-                raise self.fail(path + (key,), f"{dotted(path + (key,))} must be an integer")
+                raise self.fail((*path, key), f"{dotted((*path, key))} must be an integer")
         if "index" not in t:
             raise self.fail(path, f"{dotted(path)}: missing key 'index'")
-        indexes = self.dense(t["index"], path + ("index",))
+        indexes = self.dense(t["index"], (*path, "index"))
         return as_queue_space(
             SpaceConfig(
                 id=number,
                 name=f"space{number}",
                 engine="memtx",
                 format=(),
-                indexes=tuple(self.index(raw, path + ("index", i), i) for i, raw in enumerate(indexes)),
+                indexes=tuple(self.index(raw, (*path, "index", i), i) for i, raw in enumerate(indexes)),
             )
         )
 
@@ -347,14 +347,14 @@ class _Reader:
         itype = t.get("type", "TREE")
         if not isinstance(itype, str) or itype.upper() not in INDEX_TYPES:
             raise self.fail(
-                path + ("type",),
+                (*path, "type"),
                 f"unsupported index type in {dotted(path)}.type: {_show(itype)} "
                 "(expected TREE or HASH)",
             )
         if "key_field" not in t:
             raise self.fail(path, f"{dotted(path)}: missing key 'key_field'")
-        key_fields = self.dense(t["key_field"], path + ("key_field",))
-        parts = tuple(self.part(raw, path + ("key_field", i)) for i, raw in enumerate(key_fields))
+        key_fields = self.dense(t["key_field"], (*path, "key_field"))
+        parts = tuple(self.part(raw, (*path, "key_field", i)) for i, raw in enumerate(key_fields))
         index = IndexConfig(
             default_index_name(position), itype.upper(), self.flag(t, path, "unique", True), parts
         )
@@ -371,13 +371,13 @@ class _Reader:
         fieldno = t["fieldno"]
         if type(fieldno) is not int or fieldno < 0:
             raise self.fail(
-                path + ("fieldno",), f"{dotted(path)}.fieldno must be a field number, "
+                (*path, "fieldno"), f"{dotted(path)}.fieldno must be a field number, "
                 f"not {_show(fieldno)}",
             )
         ftype = fieldtypes.normalize(t["type"])
         if ftype is None or not fieldtypes.indexable(ftype):
             raise self.fail(
-                path + ("type",),
+                (*path, "type"),
                 f"unknown key type in {dotted(path)}.type: {_show(t['type'])} "
                 "(expected STR, NUM or NUM64)",
             )
@@ -390,7 +390,7 @@ class _Reader:
             raise self.fail(path, f"{dotted(path)} must be a table, not {_show(value)}")
         for key in value:
             if key not in allowed:
-                raise self.fail(path + (key,), f"unknown key {key!r} in {dotted(path)}")
+                raise self.fail((*path, key), f"unknown key {key!r} in {dotted(path)}")
         return value
 
     def array(self, value: Any, path: Key) -> _Array:
@@ -405,14 +405,14 @@ class _Reader:
             raise self.fail(path, f"{dotted(path)} is empty")
         for n in range(len(items)):
             if n not in items:
-                raise self.fail(path, f"{dotted(path + (n,))} is missing")
+                raise self.fail(path, f"{dotted((*path, n))} is missing")
         return [items[n] for n in range(len(items))]
 
     def flag(self, t: dict[str, Any], path: Key, key: str, default: bool) -> bool:
         value = t.get(key, default)
         if value in (0, 1) and type(value) in (int, bool):
             return bool(value)
-        raise self.fail(path + (key,), f"{dotted(path + (key,))} must be 0 or 1, not {_show(value)}")
+        raise self.fail((*path, key), f"{dotted((*path, key))} must be 0 or 1, not {_show(value)}")
 
 
 # The box.queue layout (field numbers per index) and the msgpack-era type of each of its fields:

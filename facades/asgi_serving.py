@@ -40,6 +40,7 @@ listener is done here once (:class:`Listening`):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
@@ -264,10 +265,8 @@ class _FrontDoor:
     async def _refuse(self, stream: trio.SocketStream) -> None:
         if self.listening.ssl_context is None:
             with trio.move_on_after(1):
-                try:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await stream.send_all(BUSY_RESPONSE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
         await trio.aclose_forcefully(stream)
 
     async def _dispatch(self, raw: trio.SocketStream) -> None:

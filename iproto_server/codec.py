@@ -150,7 +150,7 @@ class Request:
 
     def __init__(
         self,
-        type: int,  # noqa: A002 - the iproto name
+        type: int,
         sync: int,
         schema_version: int,
         body: dict[int, Any],
@@ -478,7 +478,7 @@ class RequestDecoder:
                     request.iterator = value
                 else:
                     request.index_base = value
-            elif key == _K_KEY or key == _K_TUPLE or key == _K_OPS:
+            elif key in (_K_KEY, _K_TUPLE, _K_OPS):
                 if not ((b >= 0x90 and b <= 0x9F) or b == 0xDC or b == 0xDD):
                     return False
                 start = p
@@ -495,7 +495,7 @@ class RequestDecoder:
                 else:
                     request.ops = items
                 p = self._p
-            elif key == _K_FUNCTION_NAME or key == _K_EXPR:
+            elif key in (_K_FUNCTION_NAME, _K_EXPR):
                 if not ((b >= 0xA0 and b <= 0xBF) or (b >= 0xD9 and b <= 0xDB)):
                     return False
                 self._p = p

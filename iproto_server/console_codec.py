@@ -18,8 +18,17 @@ from dataclasses import dataclass
 
 from iproto_server.console_yaml import error_document, values_document
 
-__all__ = ["Command", "ConsoleDecoder", "Statement", "StatementTooLong", "error_document",
-           "values_document", "parse_command", "DELIMITER_STATEMENT", "LOGIN_STATEMENT"]
+__all__ = [
+    "DELIMITER_STATEMENT",
+    "LOGIN_STATEMENT",
+    "Command",
+    "ConsoleDecoder",
+    "Statement",
+    "StatementTooLong",
+    "error_document",
+    "parse_command",
+    "values_document",
+]
 
 # The statement `tarantoolctl connect` sends to set its delimiter, recognised before login.
 DELIMITER_STATEMENT = re.compile(

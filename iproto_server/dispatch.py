@@ -280,9 +280,9 @@ class Dispatcher:
                 if type(result) is list:
                     write_tuples_response(out, sync, version, result)
                     return None
-            elif rtype == T_CALL or rtype == T_CALL_16:
+            elif rtype in (T_CALL, T_CALL_16):
                 result = self._procedure_call(session, request, rtype == T_CALL_16, sync, outbox)
-            elif rtype == T_REPLACE or rtype == T_INSERT:
+            elif rtype in (T_REPLACE, T_INSERT):
                 self._put(session, request, REPLACE if rtype == T_REPLACE else INSERT, sync, outbox)
                 return PENDING
             elif rtype == T_UPDATE:
@@ -300,7 +300,7 @@ class Dispatcher:
                 result = self._auth(session, request)
             elif rtype == T_ID:
                 result = codec.id_body(PROTOCOL_VERSION, FEATURES)
-            elif rtype == T_JOIN or rtype == T_SUBSCRIBE:
+            elif rtype in (T_JOIN, T_SUBSCRIBE):
                 self._replication_request(session, request)
                 return None
             else:

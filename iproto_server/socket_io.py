@@ -9,6 +9,7 @@ The caller keeps fairness by checkpointing once per chunk it handles.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import trio
@@ -47,10 +48,8 @@ class DirectSocket:
         view = memoryview(data)
         while sent < len(view):
             await trio.lowlevel.wait_writable(sock)
-            try:
+            with contextlib.suppress(BlockingIOError):
                 sent += sock.send(view[sent:])
-            except BlockingIOError:
-                pass
 
     def detach(self) -> None:
         """Forget the descriptor; the trio stream closes it."""

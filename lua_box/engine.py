@@ -33,6 +33,7 @@ room again. User code cannot catch either error (``pcall`` passes them on).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import queue
@@ -583,10 +584,8 @@ class LuaEngine:
             if again:
                 self._steps.put(step)
                 return
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(finished.set)
-            except trio.RunFinishedError:
-                pass
 
         self._steps.put(step)
         await finished.wait()

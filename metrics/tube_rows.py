@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from tubes.task import HUMAN, READY, STATUS_ORDER
 from tubes.tube import TALLIES, Tube
@@ -45,11 +46,9 @@ def oldest_ready_created(tube: Tube) -> int | None:
     ready = tube.counts[READY]
     if not ready:
         return None
-    steps = 0
-    for task in tube.tasks.values():
+    for steps, task in enumerate(tube.tasks.values(), 1):
         if task.status == READY:
             return task.created
-        steps += 1
         if steps >= ready:
             break
     return min(key[2] for key in tube.ready)
@@ -95,5 +94,5 @@ async def tube_rows_paced(engine: Any, catalog: Any, chunk: int = 1000) -> list[
     rows = []
     for first in range(0, len(entries), chunk):
         rows.extend(row_of(entry, now_us) for entry in entries[first:first + chunk])
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
     return rows

@@ -140,7 +140,7 @@ def _bytes(value: Any) -> Any:
 
 def read_converter(column: DataType) -> Callable[[Any], Any] | None:
     """How a stored (non-null) value becomes an Arrow-ready value of ``column``; None: as it is."""
-    if isinstance(column, _INTEGRAL) or isinstance(column, BooleanType):
+    if isinstance(column, (_INTEGRAL, BooleanType)):
         return None
     if isinstance(column, (DoubleType, FloatType)):
         return _float

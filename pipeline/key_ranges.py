@@ -10,6 +10,7 @@ read, each by exactly one range: the ranges are adjacent and half-open.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -119,10 +120,7 @@ def _interpolate(low: Any, high: Any, count: int, integer: bool) -> list[Any]:
     """``count - 1`` increasing split points strictly inside (low, high]."""
     points: list[Any] = []
     for i in range(1, count):
-        if integer:
-            point = low + (high - low + 1) * i // count
-        else:
-            point = low + (high - low) * i / count
+        point = low + (high - low + 1) * i // count if integer else low + (high - low) * i / count
         if point > low and (not points or point > points[-1]) and point <= high:
             points.append(point)
     return points
@@ -135,7 +133,7 @@ def split(whole: KeyRange, points: list[Any]) -> list[KeyRange]:
     if not inside:
         return [whole]
     ranges = [KeyRange(whole.lower, Bound(inside[0], False))]
-    for a, b in zip(inside, inside[1:], strict=False):
+    for a, b in itertools.pairwise(inside):
         ranges.append(KeyRange(Bound(a, True), Bound(b, False)))
     ranges.append(KeyRange(Bound(inside[-1], True), whole.upper))
     return ranges

@@ -105,7 +105,7 @@ class PipelinedRequests:
                 if not self._pending:
                     return
             try:
-                sync, code, answer = self._read_answer()
+                sync, _code, answer = self._read_answer()
             except SchemaReloadException:
                 self._fail(BoxqueueSourceError("the schema changed on the server during the write; run it again"))
                 return

@@ -205,7 +205,7 @@ class PushdownSpaceReader(SpaceReader):
     ``spark.sql.python.filterPushdown.enabled`` (Spark refuses the reader otherwise).
     """
 
-    def pushFilters(self, filters: list[Filter]) -> list[Filter]:  # noqa: N802 - Spark's name
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
         return self.narrow(filters)
 
 

@@ -15,6 +15,7 @@ ends the stream.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -189,10 +190,8 @@ class Applier:
                 return
             if catalog_changed:
                 self._catalog_changed.set()
-            try:
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
                 acks.send_nowait(lsn)
-            except (trio.WouldBlock, trio.ClosedResourceError):
-                pass
 
         self.committer.submit_replicated(lsn, term, payload, done)
         self.queued = lsn

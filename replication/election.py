@@ -112,7 +112,7 @@ class Election:
             self._leader_lease = self._member_lease = None
 
     async def resign(self) -> None:
-        """A leader steps down and sits out one election (2 × TTL) so that another member takes
+        """A leader steps down and sits out one election (2 x TTL) so that another member takes
         over: its member key goes first, so candidates woken by the leader key's deletion no
         longer count it. A no-op unless leading."""
         if self.state.role != "leader":
@@ -202,7 +202,7 @@ class Election:
         nursery.cancel_scope.cancel()
 
     async def _follow(self, kv: KeyValue) -> None:
-        """Until the leader's key goes (its lease lapsed, or it resigned), or for 2 × TTL: a watch
+        """Until the leader's key goes (its lease lapsed, or it resigned), or for 2 x TTL: a watch
         over a connection that died silently would never say, so the caller looks again."""
         with trio.move_on_after(2 * self._ttl):
             async with aclosing(self._client.watch(self._leader_key, kv.revision + 1)) as events:

@@ -73,7 +73,7 @@ class ReplicaNode:
 
     def leader_uri(self) -> str | None:
         state = self.election.state
-        return None if state.leader is None or state.leader == self.name and not self.leading() else state.leader_uri
+        return None if state.leader is None or (state.leader == self.name and not self.leading()) else state.leader_uri
 
     async def wait_for_change(self) -> None:
         await self._changed.wait()

@@ -106,7 +106,7 @@ class Later(Generic[T]):
         if not self._settled:
             task = trio.lowlevel.current_task()
             self._callback = lambda _value, _error: trio.lowlevel.reschedule(task)
-            yield from trio.lowlevel.wait_task_rescheduled(_refuse_cancel).__await__()
+            yield from trio.lowlevel.wait_task_rescheduled(_refuse_cancel).__await__()  # noqa: ASYNC105 (this is __await__)
         if self._error is not None:
             raise self._error
         return self._value

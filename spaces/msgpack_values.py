@@ -132,7 +132,7 @@ def decimal_to_ext(value: decimal.Decimal) -> msgpack.ExtType:
         exponent = 0
     while len(digits) > 1 and digits[0] == 0:
         digits = digits[1:]
-    nibbles = list(digits) + [0x0D if sign else 0x0C]
+    nibbles = [*digits, 0x0D if sign else 0x0C]
     if len(nibbles) % 2:
         nibbles.insert(0, 0)
     bcd = bytes((nibbles[i] << 4) | nibbles[i + 1] for i in range(0, len(nibbles), 2))

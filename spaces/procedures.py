@@ -38,7 +38,7 @@ class CallContext:
 class ProcedureEntry:
     """A registered procedure (a compiled class, ``procedures.pxd``: read on every CALL)."""
 
-    def __init__(self, name: str, fn: Procedure, is_async: bool, writes: bool, id: int) -> None:  # noqa: A002
+    def __init__(self, name: str, fn: Procedure, is_async: bool, writes: bool, id: int) -> None:
         self.name = name
         self.fn = fn
         self.is_async = is_async

@@ -43,6 +43,7 @@ held when the switch happened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
@@ -192,11 +193,10 @@ class LogReader:
             if data[: len(FILE_MAGIC)] != FILE_MAGIC:
                 raise WalError(f"{path}: not a boxqueue log segment")
             records, end, problem = parse_records(data, len(FILE_MAGIC))
-            if problem is not None:
-                if first_valid_record(data, end + 1) is not None or _any_record_in(later):
-                    raise WalCorruption(
-                        f"{path}: damaged record at byte {end} ({problem}) with valid records after it"
-                    )
+            if problem is not None and (first_valid_record(data, end + 1) is not None or _any_record_in(later)):
+                raise WalCorruption(
+                    f"{path}: damaged record at byte {end} ({problem}) with valid records after it"
+                )
             if records and records[0][0] != first_lsn:
                 raise WalCorruption(f"{path}: first record has LSN {records[0][0]}, the name says {first_lsn}")
             for lsn, term, payload in records:
@@ -270,10 +270,8 @@ class WriteAheadLog:
     def _close_segment(self) -> None:
         """Cut the segment to its records (its zeros are of no more use) and close it."""
         if self._fd >= 0:
-            try:
+            with contextlib.suppress(OSError):  # zeros left at the end read as the segment's end
                 os.ftruncate(self._fd, self.size)
-            except OSError:
-                pass  # zeros left at the end read as the end of the segment
             os.close(self._fd)
             self._fd = -1
 

@@ -8,6 +8,7 @@ a warm-up by their least-squares slope.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -76,7 +77,7 @@ class MemoryTrace:
         block's growth is its sample's RSS less the sample before it."""
         out: dict[str, tuple[int, int]] = {}
         kept = self.samples[max(warm_up - 1, 0):]
-        for before, now in zip(kept, kept[1:], strict=False):
+        for before, now in itertools.pairwise(kept):
             grown, requests = out.get(now.label, (0, 0))
             out[now.label] = (grown + now.kib[key] - before.kib[key], requests + now.requests - before.requests)
         return out

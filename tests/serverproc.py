@@ -109,7 +109,7 @@ class ServerProcess:
         if not self.config_path.exists():
             self.write_config()
         self.log_path = self.workdir / "server.log"
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps its own copy; closed below
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "boxqueue.cli", "serve", "--config", str(self.config_path)],

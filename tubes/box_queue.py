@@ -156,7 +156,7 @@ class BoxQueue:
         if not data or data[0] is None:
             raise proc_error("Can not put unique task without data")
         args = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
-        raw, inserted = await self.engine.put_unique(space_id, name, data=list(data), kind=self.kind, **args)
+        raw, _inserted = await self.engine.put_unique(space_id, name, data=list(data), kind=self.kind, **args)
         return self._returned(space_id)(raw)
 
     # -- consumers ---------------------------------------------------------------------------
@@ -276,7 +276,7 @@ class BoxQueue:
         in LMDB (the counters of calls belong to the process that served them: the leader's)."""
         counts: dict[tuple[int, str], dict[str, int]] = {}
         for sid, queue_space in sorted(self.engine.queue_spaces().items()):
-            if space_id is not None and sid != space_id or queue_space.layout.by_tube:
+            if (space_id is not None and sid != space_id) or queue_space.layout.by_tube:
                 continue
             for raw in queue_space.space.select(0, 0, [], 0, 1 << 62):
                 fields = msgpack.unpackb(raw)

@@ -10,6 +10,7 @@ Settling a taken task without an owner check (Deckard's Ack and Nack) is here to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import uuid
@@ -74,10 +75,8 @@ class Consumers(EngineBase):
                     await waiter.wait()
             finally:
                 if not waiter.is_set():
-                    try:
+                    with contextlib.suppress(ValueError):
                         tube.waiters.remove(waiter)
-                    except ValueError:
-                        pass
             tube = self._tube(queue_space, tube_name)
             taking = self._take_ready(queue_space, tube, consumer)
             if taking is not None:

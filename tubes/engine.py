@@ -30,6 +30,7 @@ import logging
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 import tubes.transitions as tr
 from errcodes import ER, BoxError
@@ -191,7 +192,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
                 break
             key, iterator = layout.key(task), ITERATOR_GT
             if pace:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
         placed = 0
         for name, tasks in loaded.items():
             tasks.sort(key=created_of)
@@ -203,7 +204,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
             placed += len(tasks)
             if pace and placed >= RECOVERY_CHUNK:
                 placed = 0
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
     async def _recover_records(self, queue_space: QueueSpace) -> None:
         sid = queue_space.id
@@ -280,7 +281,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
             ((key, tube.stats, len(tube.tasks), tube.counts) for key, tube in tubes),
             ((key, remains.stats, 0, no_tasks) for key, remains in idle),
         ):
-            if not stats or space_id is not None and sid != space_id or tube_name is not None and name != tube_name:
+            if not stats or (space_id is not None and sid != space_id) or (tube_name is not None and name != tube_name):
                 continue
             prefix = f"space{sid}.{name}."
             for counter, value in stats.items():

@@ -82,7 +82,7 @@ async def _migrate_deckard(catalog: Catalog, engine: QueueEngine, target: QueueS
         f = decode_tuple(raw)
         queue, mid, state, score, event_ms, restore, expires_ms, seq = f[:8]
         acks, nacks, cacks, cnacks, breakpoint = f[8:13]
-        description, string_payload, metadata, payload = (f[13:] + ["", "", {}, {}])[:4]
+        description, string_payload, metadata, payload = ([*f[13:], "", "", {}, {}])[:4]
         attrs: dict[str, Any] = {"acks": acks, "nacks": nacks, "cacks": cacks, "cnacks": cnacks, "bp": breakpoint}
         expires = expires_ms * 1000
         ttl = max(expires - seq, 0)
@@ -199,7 +199,7 @@ async def _copy_messages(catalog: Catalog, old: Space, target: QueueSpace, kind:
     moved = 0
     writes: list[Any] = []
     for f in rows:
-        seq, project, queue, mid, created, ttl_s, expires, client, body, claim_id, claim_expires = f[:11]
+        _seq, project, queue, mid, created, ttl_s, expires, client, body, claim_id, claim_expires = f[:11]
         if placed.get((project, queue)) != old_name:
             continue  # a message of a deleted queue
         created_us = max(int(created * 1_000_000), last_created + 1)

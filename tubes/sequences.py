@@ -70,7 +70,7 @@ class Message:
 
     __slots__ = ("id", "sequence", "json", "encoded")
 
-    def __init__(self, id: str, sequence: int, json: str) -> None:  # noqa: A002 (Sonya's name)
+    def __init__(self, id: str, sequence: int, json: str) -> None:
         self.id = id
         self.sequence = sequence
         self.json = json

@@ -7,6 +7,7 @@ as in Sonya; auth failures are 401/403 with a JSON body (S6); a wrong method is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -206,10 +207,8 @@ class SonyaApi:
                 nursery.cancel_scope.cancel()
             if code is not None:
                 with trio.move_on_after(SEND_TIMEOUT_S):
-                    try:
+                    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                         await ws.close(code)
-                    except (WebSocketDisconnect, RuntimeError, OSError):
-                        pass
 
     async def websocket_without_upgrade(self, request: Request) -> Response:
         """A listen/ws path reached without a WebSocket handshake (spec 2.3 E7)."""

@@ -27,7 +27,7 @@ from tubes.pools import URI_SCHEME, PoolCatalog
 from tubes.task import READY, TAKEN, Task, stored_parts
 from tubes.tube import Claim, Tube
 
-__all__ = ["ZaqarQueues", "Message", "StorageError"]
+__all__ = ["Message", "StorageError", "ZaqarQueues"]
 
 # Outcomes of delete_message (the app maps them to its statuses).
 DELETED = "deleted"
@@ -353,7 +353,7 @@ class ZaqarQueues:
         found_queue = self._find(project, name)
         if found_queue is None:
             return 0, 0, None, None
-        queue_space, tube = found_queue
+        _queue_space, tube = found_queue
         live = self._live(tube, time.time_ns() // 1000)
         claimed = sum(1 for t in live if t.status != READY)
         oldest = self._view(live[0], None) if live else None

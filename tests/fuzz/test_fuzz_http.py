@@ -149,7 +149,7 @@ def test_raw_http_bytes(target, memory_bounded, data, which):
     if answer:
         assert answer.startswith(b"HTTP/1."), answer[:200]
         status = int(answer.split(b" ", 2)[1])
-        assert status < 500 or status == 503 and b"Too many connections" in answer, answer[:300]
+        assert status < 500 or (status == 503 and b"Too many connections" in answer), answer[:300]
     target.check_alive()
 
 

@@ -77,10 +77,8 @@ def _raw_auth(port, user, scramble_type):
 
         salt = base64.b64decode(greeting[64:108])
         scramble = chap_sha1_scramble("secret", salt)
-        if scramble_type == "str":
-            scramble_packed = b"\xb4" + scramble  # fixstr of 20 raw bytes, not UTF-8
-        else:
-            scramble_packed = b"\xc4\x14" + scramble
+        # a fixstr of 20 raw bytes (not UTF-8), or a bin
+        scramble_packed = (b"\xb4" if scramble_type == "str" else b"\xc4\x14") + scramble
         body = b"\x82\x23" + msgpack.packb(user) + b"\x21\x92" + msgpack.packb("chap-sha1") + scramble_packed
         header = b"\x82\x00\x07\x01\xce\x00\x00\x00\x00"
         packet = b"\xce" + (len(header) + len(body)).to_bytes(4, "big") + header + body

@@ -64,7 +64,7 @@ class Background(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.fn(*self.args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by get()
+        except BaseException as exc:
             self.error = exc
         finally:
             self.finished_at = time.perf_counter()

@@ -232,7 +232,7 @@ async def test_a_resigning_leader_hands_over(etcd, prefix):
         old_term = old.state.term
         await old.election.resign()
         assert old.state.role != "leader" and not old.election.lease_valid()
-        # a successor, which the resigned one follows well before its sitting-out (2 × TTL) ends
+        # a successor, which the resigned one follows well before its sitting-out (2 x TTL) ends
         new = await g.converged(members, TTL + 1)
         assert new is not old and new.state.term > old_term
         await old.election.resign()  # not leading: nothing happens

@@ -206,10 +206,10 @@ async def test_a_watch_on_compacted_history_raises(etcd, client, key):
 
 
 async def test_fails_over_past_a_closed_port(etcd, key):
-    async with EtcdClient(closed_endpoints(1) + [etcd.endpoint], TIMEOUT) as c:
+    async with EtcdClient([*closed_endpoints(1), etcd.endpoint], TIMEOUT) as c:
         revision = await c.put(key, b"v")
         assert (await c.get(key)).mod_revision == revision
-    async with EtcdClient(closed_endpoints(1) + [etcd.endpoint], TIMEOUT) as c:
+    async with EtcdClient([*closed_endpoints(1), etcd.endpoint], TIMEOUT) as c:
         with trio.fail_after(5):
             async with aclosing(c.watch(key, start_revision=revision)) as events:
                 async for event in events:

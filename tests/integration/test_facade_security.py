@@ -136,9 +136,9 @@ def test_zaqar_pools_and_flavors_are_managed_by_admin_tokens_only(secured):
 
 
 def test_zaqar_needs_tls(secured):
-    with httpx.Client(base_url=f"http://127.0.0.1:{secured.zaqar_port}", timeout=10) as plain:
-        with pytest.raises(httpx.HTTPError):
-            plain.get("/", headers={"X-Auth-Token": "tok-p1"})
+    with (httpx.Client(base_url=f"http://127.0.0.1:{secured.zaqar_port}", timeout=10) as plain,
+          pytest.raises(httpx.HTTPError)):
+        plain.get("/", headers={"X-Auth-Token": "tok-p1"})
 
 
 # -- Sonya ------------------------------------------------------------------------------------
@@ -151,9 +151,8 @@ def test_sonya_over_tls_with_client_certificates(secured):
         assert sent.json()["success"] is True
         polled = s.get("/queue/listen/longpoll/tlsnews/1", params={"sequence": "first"})
         assert [m["payload"] for m in polled.json()] == [{"m": "hello"}]
-    with pytest.raises(httpx.HTTPError):  # no client certificate
-        with secured.sonya(cert=False) as s:
-            s.post("/queue/create/other")
+    with pytest.raises(httpx.HTTPError), secured.sonya(cert=False) as s:  # no client certificate
+        s.post("/queue/create/other")
 
 
 def test_sonya_websocket_over_wss(secured):

@@ -104,7 +104,7 @@ async def test_a_runaway_chunk_does_not_hold_the_event_loop(server, nursery):
         await other.send_all(frame({0: 64, 1: sync}))
         await read_response(other, other_buf)
         await other.send_all(frame({0: 8, 1: sync}, {0x27: "return ...", 0x21: [sync]}))
-        header, body = await read_response(other, other_buf)
+        _header, body = await read_response(other, other_buf)
         assert body[0x30] == [sync]
         slowest = max(slowest, time.monotonic() - sent)
     assert not finished  # all of that while the runaway still ran
@@ -112,7 +112,7 @@ async def test_a_runaway_chunk_does_not_hold_the_event_loop(server, nursery):
     with trio.fail_after(10):
         while not finished:
             await trio.sleep(0.01)
-    header, body = finished[0]
+    _header, body = finished[0]
     assert body[0x31] == "Lua time limit exceeded (1 s)"
     assert time.monotonic() - started > 0.9
     await runaway_stream.aclose()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import trio
+import trio.lowlevel
 
 from boxqueue.config import load_config
 from boxqueue.process import Server
@@ -121,7 +122,7 @@ async def test_a_flush_racing_an_add_leaves_memory_and_storage_agreeing(running,
     for round_ in range(20):
         nursery.start_soon(engine.upsert, sid, [add_item("race", f"r{round_}-{i}") for i in range(3)])
         if round_ % 2:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         await flush()
         await trio.sleep(0.01)
         assert memory_image(engine, sid) == stored_image(engine, sid)
@@ -146,7 +147,7 @@ async def test_a_failing_write_leaves_memory_as_it_was(running, monkeypatch):
     task = tube.tasks["m"]
     assert task.status == "r" and list(tube.ready) == [(127, 1.0, task.created, "m")]
     monkeypatch.setattr(committer, "submit", real_submit)
-    [(pulled, _raw)] = await engine.take_many(sid, "f", 1, 60_000_000)
+    [(_pulled, _raw)] = await engine.take_many(sid, "f", 1, 60_000_000)
     monkeypatch.setattr(committer, "submit", failing)
     with pytest.raises(StorageError):
         await settle(engine, sid, "f", "m", nack=False, score=None, lock_ms=0)

@@ -171,7 +171,7 @@ def test_bad_length_prefix_closes_only_that_connection(server):
 def test_huge_length_prefix_is_refused_without_buffering(server):
     c = RawClient(server.port)
     c.send(b"\xce\x7f\xff\xff\xff" + b"x" * 1000)
-    header, body = c.response()
+    header, _body = c.response()
     assert header[0] == 0x8000 | 20
     assert c.closed_by_server()
     c.close()
@@ -182,7 +182,7 @@ def test_schema_version_mismatch(server):
     c.send(c.frame({0: 64, 1: 1}))
     current = c.response()[0][5]
     c.send(c.frame({0: 64, 1: 2, 5: current + 1000}))
-    header, body = c.response()
+    header, _body = c.response()
     assert header[0] == 0x8000 | 109 and header[5] == current
     c.send(c.frame({0: 64, 1: 3, 5: current}))
     assert c.response()[0][0] == 0

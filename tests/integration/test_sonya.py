@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import struct
 import time
@@ -545,7 +546,7 @@ def test_task_events_after_kill_catch_up_and_include_the_restart(tmp_path):
         statuses = [e["payload"]["status"] for e in events]
         assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
         assert statuses[0] == "ready" and statuses[-2:] == ["taken", "ready"]  # the restart's return
-        assert all(e["payload"]["previous"] == p["payload"]["status"] for p, e in zip(events, events[1:], strict=False))
+        assert all(e["payload"]["previous"] == p["payload"]["status"] for p, e in itertools.pairwise(events))
         gone = r_ok(srv.poll("jobs", acked, "last"))
         assert gone[0]["payload"]["status"] in ("deleted", "done")
     finally:

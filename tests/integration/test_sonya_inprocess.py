@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.lowlevel
 
 from boxqueue.config import load_config
 from boxqueue.process import Server
@@ -63,7 +64,7 @@ async def test_a_version_in_flight_reaches_a_new_listener_exactly_once(running):
                 with env.begin() as txn:  # a reader begun now, as a subscription's could be
                     if versions.get(0, ["q", key, 1], txn) is not None:
                         break
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             if broadcast._in_flight:
                 in_window += 1
             server.storage.committed()  # the shared reader begins anew, as after any commit

@@ -433,7 +433,7 @@ def test_a_live_longpoll_answer_larger_than_the_socket_takes_is_finished(sonya):
         sonya.send_ok(q, "k", big)
         time.sleep(0.5)  # the answer waits in the socket buffers and the server's task
         sock.settimeout(20)
-        status, headers, body = conn.answer()
+        status, _headers, body = conn.answer()
         assert status == 200 and json.loads(body) == [{"id": "k", "sequence": 1, "payload": big}]
         conn.send(f"GET /queue/listen/longpoll/{q}/k?sequence=1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert json.loads(conn.answer()[2])[0]["sequence"] == 1

@@ -10,12 +10,12 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-import tarantool  # noqa: E402
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan  # noqa: E402
+import tarantool
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 
-from pipeline.spark import PUSHDOWN_CONF, BoxqueueDataSource, register  # noqa: E402
-from tests.integration.spark_fixtures import PIPELINE_SPACES, java_missing, spark_session  # noqa: E402
-from tests.serverproc import ServerProcess, free_port  # noqa: E402
+from pipeline.spark import PUSHDOWN_CONF, BoxqueueDataSource, register
+from tests.integration.spark_fixtures import PIPELINE_SPACES, java_missing, spark_session
+from tests.serverproc import ServerProcess, free_port
 
 pytestmark = pytest.mark.skipif(java_missing(), reason="Spark needs Java 17 (java on PATH or JAVA_HOME)")
 
@@ -295,7 +295,7 @@ def test_a_space_without_format_is_read_and_written_by_position(spark, uri, conn
     conn.call("box.space.bare:truncate")
     conn.replace("bare", [1, "one", 1.5])
     conn.replace("bare", [2, "two", 2.5, "extra"])
-    with pytest.raises(Exception, match="space 'bare' has no format: give the columns with .schema"):
+    with pytest.raises(Exception, match=r"space 'bare' has no format: give the columns with \.schema"):
         read(spark, uri, "bare")
     frame = (spark.read.format("boxqueue").schema("k long, label string, x double")
              .option("uri", uri).option("space", "bare").load())
@@ -337,7 +337,7 @@ def test_clear_errors(spark, uri):
             "tube", "t").save()
     with pytest.raises(Exception, match="space 'archive' is not a queue space"):
         write(spark.range(1).selectExpr("'x' as payload"), uri, tube="t", queue_space="archive")
-    with pytest.raises(Exception, match="column 'ttl' .* must be numeric"):
+    with pytest.raises(Exception, match=r"column 'ttl' .* must be numeric"):
         write(spark.range(1).selectExpr("'soon' as ttl", "'x' as payload"), uri, tube="t", queue_space="0")
 
 

@@ -112,9 +112,8 @@ def test_admin_console_over_tls(mutual, certs):
         while b"\n...\n" not in answer:
             answer += s.recv(4096)
         assert answer == b"---\n- 2\n...\n"
-    with pytest.raises(OSError):  # no client certificate
-        with tls_socket(mutual.admin_port, certs.client_context(cert=False)) as s:
-            read_exactly(s, 128)
+    with pytest.raises(OSError), tls_socket(mutual.admin_port, certs.client_context(cert=False)) as s:
+        read_exactly(s, 128)  # no client certificate
 
 
 def test_tls_without_client_certificates(tmp_path, certs):

@@ -487,7 +487,7 @@ def test_everything_survives_kill_9(tmp_path):
             assert listed[0]["href"].endswith(f"?claim_id={cid}") and listed[1]["ttl"] == 3000
             new = post(c, "kept", "d")
             listed = c.get("/v1.1/queues/kept/messages?echo=true").json()["messages"]
-            assert [m["id"] for m in listed] == [ids[1]] + new  # FIFO continues after the restart
+            assert [m["id"] for m in listed] == [ids[1], *new]  # FIFO continues after the restart
             assert c.get("/v1.1/pools/p1").json()["weight"] == 3
             assert c.get("/v1.1/flavors/f1?detailed=true").json()["capabilities"] == {"k": "v"}
     finally:

@@ -43,7 +43,7 @@ async def test_claim_expires_on_time_and_grace_keeps_the_message(running):
     while (await c.get(f"/v1.1/queues/q/claims/{claim.id}")).status_code == 200:
         assert time.monotonic() - started < 5, "the claim did not expire"
         await trio.sleep(0.05)
-    assert 0.5 < time.monotonic() - started
+    assert time.monotonic() - started > 0.5
     # Free again: listed, with the old claim id still in the href, deletable without a claim;
     # the short message lives on thanks to grace (claim expiry + 1 s).
     listed = (await c.get("/v1.1/queues/q/messages")).json()["messages"]

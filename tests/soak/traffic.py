@@ -16,7 +16,7 @@ import json
 import socket
 import struct
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import httpx
@@ -319,7 +319,7 @@ class Console(Traffic):
     """Admin console sessions: statements, errors and garbage lines, then gone."""
 
     name = "console"
-    LINES = [
+    LINES: ClassVar[list[str]] = [
         "return 1",
         "box.space.soak:select({}, {limit = 2})",
         "box.space.soak:replace{900001, 'from the console'}",
@@ -359,7 +359,7 @@ class Console(Traffic):
 class HttpTraffic(Traffic):
     """An HTTP API's traffic: a new client (so a new connection) each block, kept alive through it."""
 
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, port: int, cycles: int) -> None:
         self.port = port
@@ -390,7 +390,7 @@ class Zaqar(HttpTraffic):
     msgpack bodies, pools and flavors."""
 
     name = "zaqar"
-    headers = {"Client-ID": CLIENT_ID, "X-Project-Id": "soak"}
+    headers: ClassVar[dict[str, str]] = {"Client-ID": CLIENT_ID, "X-Project-Id": "soak"}
 
     def block(self) -> int:
         done = 0

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql.datasource import (  # noqa: E402
+from pyspark.sql.datasource import (
     EqualTo,
     GreaterThan,
     GreaterThanOrEqual,
@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (  # noqa: E402
     LessThanOrEqual,
 )
 
-from pipeline.key_ranges import (  # noqa: E402
+from pipeline.key_ranges import (
     ITERATOR_ALL,
     ITERATOR_GE,
     ITERATOR_GT,

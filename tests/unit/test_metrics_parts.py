@@ -160,10 +160,10 @@ def test_metrics_section(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"m.toml:3: unknown key 'publik' in \[metrics\]"):
         load_config(path)
     path.write_text('[iproto]\nlisten = "127.0.0.1:9200"\n[metrics]\nlisten = "127.0.0.1:9200"\n')
-    with pytest.raises(ConfigError, match="metrics.listen and iproto.listen are both"):
+    with pytest.raises(ConfigError, match=r"metrics\.listen and iproto\.listen are both"):
         load_config(path)
     path.write_text('[metrics]\npublic = "yes"\n')
-    with pytest.raises(ConfigError, match="metrics.public must be true or false"):
+    with pytest.raises(ConfigError, match=r"metrics\.public must be true or false"):
         load_config(path)
 
 

@@ -144,7 +144,7 @@ def test_a_space_not_laid_out_for_the_queue_keeps_the_1_5_types() -> None:
 
 def test_the_seed_with_its_fourth_index() -> None:
     (space,) = parse_tarantool_cfg(seed_with_fourth_index(), "seed.cfg").spaces
-    assert space.indexes == QUEUE_INDEXES + (PUT_UNIQUE_INDEX,)
+    assert space.indexes == (*QUEUE_INDEXES, PUT_UNIQUE_INDEX)
 
 
 def test_the_shipped_example_is_the_seed_with_the_fourth_index() -> None:

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import trio
+import trio.lowlevel
 
 from facades.deckard.trio_bridge import BridgeClosed, TrioBridge
 from spaces.later import Later
@@ -21,7 +22,7 @@ async def test_a_call_runs_on_trio_and_returns_its_result(nursery):
     trio_thread = threading.get_ident()
 
     async def where(x: int) -> tuple[int, int]:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         trio.lowlevel.current_task()  # raises unless on trio
         return threading.get_ident(), x * 2
 
@@ -51,7 +52,7 @@ async def test_exceptions_come_back_to_the_caller(nursery):
     bridge = TrioBridge(nursery, trio.lowlevel.current_trio_token())
 
     async def fails() -> None:
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         raise ValueError("engine said no")
 
     def failed_later() -> Later[None]:
@@ -119,26 +120,25 @@ async def test_a_closed_bridge_refuses_calls(nursery):
 async def test_shutting_down_the_owning_nursery_fails_calls_in_flight():
     """Calls still running when the facade's nursery is cancelled end with BridgeClosed."""
     outcome = []
-    async with trio.open_nursery() as outer:
-        async with trio.open_nursery() as calls:
-            bridge = TrioBridge(calls, trio.lowlevel.current_trio_token())
-            started = threading.Event()
+    async with trio.open_nursery() as outer, trio.open_nursery() as calls:
+        bridge = TrioBridge(calls, trio.lowlevel.current_trio_token())
+        started = threading.Event()
 
-            async def forever() -> None:
-                started.set()
-                await trio.sleep_forever()
+        async def forever() -> None:
+            started.set()
+            await trio.sleep_forever()
 
-            def call() -> None:
-                try:
-                    bridge.call(forever)
-                except BridgeClosed as exc:
-                    outcome.append(str(exc))
+        def call() -> None:
+            try:
+                bridge.call(forever)
+            except BridgeClosed as exc:
+                outcome.append(str(exc))
 
-            async def cancel_when_started():
-                while not started.is_set():
-                    await trio.sleep(0.005)
-                calls.cancel_scope.cancel()
+        async def cancel_when_started():
+            while not started.is_set():
+                await trio.sleep(0.005)
+            calls.cancel_scope.cancel()
 
-            outer.start_soon(cancel_when_started)
-            await on_thread(call)
+        outer.start_soon(cancel_when_started)
+        await on_thread(call)
     assert outcome == ["the call was cancelled"]
