@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -72,8 +73,14 @@ def worker(base: str, clients: int, offset: int, batch: int, until: float, warmu
     trio.run(main)
 
 
-def run_load(base: str, args: argparse.Namespace) -> list[tuple[int, list[float]]]:
-    """Run the client processes against ``base`` and return each one's (deleted, cycle times)."""
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None) -> tuple[list[tuple[int, list[float]]], float | None]:
+    """Run the client processes against ``base``; each one's (deleted, cycle times), and the
+    server's CPU seconds over the measured window when its pid is given."""
     ctx = get_context("spawn")
     out = ctx.Queue()
     start = time.monotonic() + 1.0  # let the workers start
@@ -86,10 +93,16 @@ def run_load(base: str, args: argparse.Namespace) -> list[tuple[int, list[float]
         p.start()
         procs.append(p)
         offset += n
+    cpu = None
+    if server_pid is not None:
+        time.sleep(max(0.0, warmup_end - time.monotonic()))
+        cpu0 = _cpu_s(server_pid)
+        time.sleep(max(0.0, until - time.monotonic()))
+        cpu = _cpu_s(server_pid) - cpu0
     results = [out.get() for _ in procs]
     for p in procs:
         p.join()
-    return results
+    return results, cpu
 
 
 def main() -> None:
@@ -103,8 +116,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the result here too")
     parser.add_argument("--url", help="drive this Zaqar endpoint (http://host:port) instead of starting boxqueue")
     args = parser.parse_args()
+    cpu = None
     if args.url:
-        results = run_load(args.url.rstrip("/"), args)
+        results, _ = run_load(args.url.rstrip("/"), args)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             http_port = free_port()
@@ -112,7 +126,7 @@ def main() -> None:
                                    wal_mode=args.wal, read_only=False)
             server.start()
             try:
-                results = run_load(f"http://127.0.0.1:{http_port}", args)
+                results, cpu = run_load(f"http://127.0.0.1:{http_port}", args, server.proc.pid if server.proc else None)
             finally:
                 server.stop()
     done = sum(d for d, _ in results)
@@ -123,6 +137,7 @@ def main() -> None:
         "messages_per_s": round(done / args.seconds, 1),
         "cycle_p50_ms": round(statistics.median(cycles) * 1000, 1) if cycles else None,
         "cycle_p99_ms": round(cycles[int(len(cycles) * 0.99) - 1] * 1000, 1) if cycles else None,
+        **({"server_cpu_us_per_message": round(cpu * 1e6 / done)} if cpu is not None and done else {}),
     }
     print(json.dumps(result))
     if args.json:

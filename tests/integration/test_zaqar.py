@@ -102,6 +102,10 @@ def test_unknown_paths_methods_and_options(c, q):
     assert r.json() == {"title": "405 Method Not Allowed"}
     r = c.options(f"/v1.1/queues/{q}/messages")
     assert r.status_code == 200 and r.headers["allow"] == "POST, GET, DELETE, OPTIONS" and r.content == b""
+    # a method no route takes at all: the HTTP layer's plain 405, before any of Zaqar's checks
+    r = c.request("TRACE", f"/v1.1/queues/{q}")
+    assert r.status_code == 405 and r.text == "Method Not Allowed"
+    assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 
 @pytest.mark.parametrize("value", ["", "1234", "aa2-bb3", "0xdeadbeef", "z" * 32, "1" * 31, "1" * 33])
