@@ -124,6 +124,19 @@ async def serve_asgi(
     await _FrontDoor(app, config, takeover, listening).serve(shutdown, name, task_status)
 
 
+async def answer_lifespan(receive: Any, send: Any) -> None:
+    """An application's side of an ASGI lifespan scope, for applications with nothing to start or
+    stop (hypercorn's connection servers, as this front door runs them, send none; a server that
+    runs the application whole does)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 _TIMEOUT_BODY = b"Request Timeout: the request body did not arrive in time.\n"
 
 

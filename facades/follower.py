@@ -17,6 +17,8 @@ from typing import Any
 
 import grpc
 
+from facades.asgi_serving import answer_lifespan
+
 LEADER_HEADER = "x-boxqueue-leader"
 LEADER_METADATA = "boxqueue-leader"
 
@@ -29,13 +31,8 @@ def unavailable_app(leader_url: LeaderUrl, api: str) -> Any:
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1013})  # try again later
             return

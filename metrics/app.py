@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from facades.asgi_serving import PLAIN, Listening, serve_asgi
 from metrics.auth import BasicAuth
 from metrics.collector import BoxqueueCollector, tube_families
-from metrics.dashboard_data import PAGE_SIZE, Dashboard, upstream_of
+from metrics.dashboard_data import PAGE_SIZE, Dashboard, lag_of, upstream_of
 from metrics.observed import READY, Observed
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,7 @@ def health(o: Observed) -> tuple[dict[str, Any], bool, bool]:
     election = info["election"]
     role = election["state"]
     up = upstream_of(info) if role == "follower" else None
-    if role == "leader":
-        lag_records, lag_s = 0, 0.0
-    elif up is not None:
-        lag_records, lag_s = up["lag_records"], up["lag"]
-    else:
-        lag_records = lag_s = None
+    lag_records, lag_s = lag_of(role, up)
     body = {"role": role, "name": info["name"], "term": election["term"], "leader": election["leader_name"],
             "lsn": info["lsn"], "lag_records": lag_records, "lag_s": lag_s, "state": o.state}
     following = up is not None and up["status"] == "follow"

@@ -121,6 +121,16 @@ def upstream_of(info: dict[str, Any]) -> dict[str, Any] | None:
     return next((e["upstream"] for e in info["replication"].values() if "upstream" in e), None)
 
 
+def lag_of(role: str, stream: dict[str, Any] | None) -> tuple[int | None, float | None]:
+    """(records, seconds) a member is behind the leader: none for the leader, its stream's lag
+    for a member with one, unknown otherwise."""
+    if role == "leader":
+        return 0, 0.0
+    if stream is not None:
+        return stream["lag_records"], stream["lag"]
+    return None, None
+
+
 def replica_figures(o: Observed) -> dict[str, Any] | None:
     """This node's election and every peer as this node sees it; None outside a replica set.
 
@@ -147,12 +157,7 @@ def replica_figures(o: Observed) -> dict[str, Any] | None:
             role = "follower"
         else:
             role = "unknown"
-        if role == "leader":
-            lag_records, lag_s = 0, 0.0
-        elif stream is not None:
-            lag_records, lag_s = stream["lag_records"], stream["lag"]
-        else:
-            lag_records = lag_s = None
+        lag_records, lag_s = lag_of(role, stream)
         peers.append({"id": rid, "name": name, "self": name == me, "role": role,
                       "term": None if role == "unknown" else term,
                       # box.info says 0 for a peer this node has no stream with: not known here

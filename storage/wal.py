@@ -107,7 +107,7 @@ def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[Entry], i
     while offset < size:
         problem = _check_record(view, offset)
         if problem is not None:
-            if _zeros_from(view, offset):  # room made ahead of the records: the segment ends here
+            if _zeros_from(data, offset):  # room made ahead of the records: the segment ends here
                 return records, offset, None
             return records, offset, problem
         if view[offset : offset + 4] == RECORD_MAGIC:
@@ -121,9 +121,12 @@ def parse_records(data: bytes | memoryview, offset: int) -> tuple[list[Entry], i
     return records, offset, None
 
 
-def _zeros_from(view: memoryview, offset: int) -> bool:
-    """Whether everything from ``offset`` to the end is zero bytes."""
-    rest = view[offset:]
+def _zeros_from(data: bytes | memoryview, offset: int) -> bool:
+    """Whether everything from ``offset`` to the end is zero bytes (counted in place when ``data``
+    is bytes, as a segment read from its file is: no copy of the rest of the segment)."""
+    if isinstance(data, bytes):
+        return data.count(0, offset) == len(data) - offset
+    rest = data[offset:]
     return rest.tobytes().count(0) == len(rest)
 
 

@@ -1,5 +1,5 @@
 """The Tarantool 1.5 ``box.queue`` API on the tube engine: argument coercion, defaults, counters,
-error texts and return shapes of the original module (``../shared/specs/box_queue.md``).
+error texts and return shapes of the original module (see ``docs/references.md``).
 
 Every function is registered as ``box.queue.<fn>`` and ``queue.<fn>`` (D1). The consumer of a
 take is the caller's session; its tasks go back to ready when the session ends (D11).

@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from facades.asgi_serving import answer_lifespan
 from facades.http_meter import OPERATION
 from facades.zaqar import http_input as inp
 from facades.zaqar import queues as store
@@ -119,13 +120,7 @@ class ZaqarApp(AdminHandlers):
         elif kind == "websocket":  # no WebSocket route: closed, as Starlette's router closes it
             await send({"type": "websocket.close", "code": 1000, "reason": ""})
         elif kind == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
 
     def _add(self, pattern: str, handlers: dict[str, Handler], queue_route: bool) -> None:
         self.routes.append((re.compile(pattern + "$"), handlers, queue_route))

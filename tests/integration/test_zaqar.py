@@ -1,5 +1,5 @@
 """The Zaqar v1.1 facade against the real server over HTTP (httpx): every endpoint with its
-statuses, headers and error bodies (../shared/specs/zaqar.md), msgpack, concurrency, restarts."""
+statuses, headers and error bodies (Zaqar v1.1, see docs/references.md), msgpack, concurrency, restarts."""
 
 from __future__ import annotations
 
