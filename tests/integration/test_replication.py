@@ -71,6 +71,7 @@ def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_
         replaced: list[int] = []
         put: set[str] = set()
         acked: set[str] = set()
+        acking: set[str] = set()
         posted: list[str] = []
         client = {"Client-ID": "3381af92-2b9e-11e3-b191-71861300734c", "X-Project-Id": "p"}
         zaqar = f"http://127.0.0.1:{cluster.facade_ports[leader]['zaqar']}/v1.1/queues/jobs"
@@ -95,6 +96,7 @@ def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_
                     put.add(task[0])
                     taken = conn.call("box.queue.take", [0, "work", 0]).data
                     if taken:
+                        acking.add(taken[0][0])  # (an ack cut off by the kill may still have landed)
                         conn.call("box.queue.ack", [0, taken[0][0]])
                         acked.add(taken[0][0])
                 except Exception:
@@ -132,7 +134,8 @@ def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_
         assert not missing, f"{len(missing)} acknowledged replaces lost, first {missing[:5]}"
         tasks = {t[0] for t in conn.select("queue", [], limit=10**7)}
         assert not tasks & acked, f"acknowledged acks came back: {sorted(tasks & acked)[:5]}"
-        assert not (put - acked) - tasks, "acknowledged puts lost"
+        assert not (put - acking) - tasks, "acknowledged puts lost"
+        assert len(acking - acked) <= 1  # (only the ack in flight at the kill has no answer)
         new_zaqar = f"http://127.0.0.1:{cluster.facade_ports[new]['zaqar']}/v1.1/queues/jobs/messages"
         for chunk in range(0, len(posted), 20):
             ids = ",".join(posted[chunk:chunk + 20])  # (commas as they are: Zaqar splits on them)
