@@ -40,7 +40,7 @@ from spaces.procedures import Procedures
 from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
-from tubes import box_queue, pools, sequences
+from tubes import box_queue, pools, queue_module, sequences
 from tubes.broadcast import Broadcast
 from tubes.engine import QueueEngine, QueueSpace
 from tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
@@ -338,6 +338,7 @@ class Server:
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             queue_procedures.standby = role == FOLLOWER
+            queue_module.register(procedures, engine, queue_procedures)
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):

@@ -105,8 +105,9 @@ class BoxQueue:
     def _returned_tube(self, raw: bytes) -> list[Any]:
         return [self.reader.rettask(raw, TUBE_LAYOUT.data_at)]
 
-    def _consumer(self, ctx: CallContext) -> int:
-        """The caller's session, bound once so its tasks are released when it ends."""
+    def consumer(self, ctx: CallContext) -> int:
+        """The caller's session, bound once so its tasks are released when it ends (every API
+        over iproto takes as the session: box.queue's and tarantool/queue's)."""
         sid = ctx.session_id
         if sid not in self._bound_sessions:
             self._bound_sessions.add(sid)
@@ -168,7 +169,7 @@ class BoxQueue:
         seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
-        consumer = self._consumer(ctx)
+        consumer = self.consumer(ctx)
         taking = self.engine.take(space_id, name, consumer, seconds)
         returned = self._returned(space_id)
 
@@ -177,6 +178,11 @@ class BoxQueue:
 
         if isinstance(taking, Later):
             return taking.map(taken)
+        return self.waiting(consumer, taking, taken)
+
+    def waiting(self, consumer: int, taking: Awaitable[bytes | None],
+                taken: Callable[[bytes | None], list[Any]]) -> Coroutine[Any, Any, list[Any]]:
+        """A take that waits, counted against the session's limit of waiting takes."""
         waiting = self._waiting.get(consumer, 0)
         if waiting >= self.max_waiting_takes:
             taking.close()  # type: ignore[attr-defined]  # a coroutine never started

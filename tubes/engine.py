@@ -120,6 +120,22 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
             self._after_recovery([queue_space])
         return queue_space
 
+    async def drop_owned_space(self, space_id: int) -> None:
+        """One of the engine's spaces goes, with its tubes, their tasks and its record
+        (tarantool/queue's drop of a tube, whose space is its own)."""
+        queue_space = self._owned.get(space_id)
+        if queue_space is None:
+            raise BoxError(ER.NO_SUCH_SPACE, space_id)
+        for tube in self.tubes_of(space_id):
+            await self.drop_tube(space_id, tube.name)
+        await self.committer.write(self._record_write(OWNED_SPACES, None, [queue_space.space.name]))
+        del self._owned[space_id]
+        self._checked.pop(space_id, None)
+        self._known.pop(space_id, None)
+        for key in [k for k in self.forgotten if k[0] == space_id]:
+            del self.forgotten[key]
+        await self.catalog.drop_space(queue_space.space)
+
     async def _open_records(self) -> None:
         """The engine's record spaces, created with the first space it owns."""
         for name, parts in RECORD_KEYS.items():

@@ -606,8 +606,10 @@ def has_tube_layout_format(space: Space) -> bool:
 
 
 def default_kind(name: str) -> TubeKind:
-    from tubes.kinds import deckard_kind, zaqar_kind
+    from tubes.kinds import QUEUE_MODULE, QUEUE_MODULE_KIND, deckard_kind, zaqar_kind
 
+    if name == QUEUE_MODULE:
+        return QUEUE_MODULE_KIND
     if name == "deckard":
         return deckard_kind(1440)
     if name == "zaqar":

@@ -28,6 +28,7 @@ MAX_PRI = 255
 BOX_QUEUE = "box.queue"
 DECKARD = "deckard"
 ZAQAR = "zaqar"
+QUEUE_MODULE = "queue"  # tarantool/queue's tubes (queue.create_tube)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class TubeKind:
             return MED_PRI, 0.0 if urgent_ipri is not None else back_score()
         if self.name == ZAQAR:
             return MED_PRI, DEFAULT_PRI
+        if self.name == QUEUE_MODULE:
+            return MED_PRI, pri  # smaller first, as given
         return (MED_PRI if urgent_ipri is None else urgent_ipri), pri
 
     def requeue_order(self, last_ready_ipri: int | None, ipri: float, pri: float) -> tuple[float, float]:
@@ -64,6 +67,12 @@ class TubeKind:
     def urgent_lanes(self) -> bool:
         """Whether box.queue's urgent looks at the head of the tube (its ipri lanes)."""
         return self.name == BOX_QUEUE
+
+
+# tarantool/queue: a tube's ttl and ttr default to 100 years (its MAX_TIMEOUT); each tube's own
+# defaults (create_tube's options) are applied by tubes/queue_module.py.
+QUEUE_MODULE_KIND = TubeKind(QUEUE_MODULE, default_ttl=365 * 86400 * 100 * 1_000_000,
+                             default_ttr=365 * 86400 * 100 * 1_000_000, stored_tubes=True)
 
 
 def back_score() -> float:

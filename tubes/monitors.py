@@ -20,7 +20,7 @@ from tubes.engine_base import (
     QueueSpace,
     now_us,
 )
-from tubes.kinds import back_score
+from tubes.kinds import QUEUE_MODULE, back_score
 from tubes.task import (
     DELAYED,
     HUMAN,
@@ -79,12 +79,15 @@ class Monitors(EngineBase):
         if tube.kind.name == "box.queue" or tube.stats:  # another kind's tube shows box.queue's
             for task in expired:  # counters once box.queue has used it
                 counters += ["ttl.total", "ttl." + HUMAN[task.status]]
+        module = tube.kind.name == QUEUE_MODULE  # tarantool/queue counts delays and ttrs that end
         changes = []
         for task in due:
             if now >= task.created + task.ttl:
                 continue
             if task.status in (DELAYED, TAKEN):
                 changes.append((task, self._ready_again(tube, task), None))
+                if module:
+                    counters.append("delay" if task.status == DELAYED else "ttr")
             else:
                 log.error("Internal error: unexpected task status %r of task %s", task.status, task.id)
                 changes.append((task, tr.retry_later(now), None))

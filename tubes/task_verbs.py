@@ -1,6 +1,7 @@
 """What box.queue's verbs do to one task (ack, touch, done, bury, dig, kick, release, requeue,
-delete, truncate, with the 1.5 owner checks and counters), and deleting tasks by id or the free
-ones at the head (Deckard's Remove, Zaqar's delete and pop)."""
+delete, truncate, with the 1.5 owner checks and counters), tarantool/queue's verbs that check no
+owner (bury, touch, release_all), and deleting tasks by id or the free ones at the head
+(Deckard's Remove, Zaqar's delete and pop)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tubes.task import (
     DONE,
     QUEUE15,
     READY,
+    TAKEN,
     Task,
 )
 
@@ -91,12 +93,16 @@ class TaskVerbs(EngineBase):
             kicked += 1
         return kicked
 
-    def release(self, space_id: int, task_id: Any, consumer: int, delay: int, ttl_s: float | None) -> Later[bytes]:
-        """Back to ready (or delayed); a given ttl restarts the task's life from now (+delay)."""
+    def release(self, space_id: int, task_id: Any, consumer: int, delay: int, ttl_s: float | None,
+                *, ttl_us: int | None = None) -> Later[bytes]:
+        """Back to ready (or delayed); a given ttl restarts the task's life from now (+delay);
+        ``ttl_us``: the task's whole life from its creation, exactly (tarantool/queue's)."""
         tube, task = self.owned(space_id, task_id, consumer, "release")
         now = now_us()
         ttl = task.ttl
-        if ttl_s is not None and ttl_s > 0:
+        if ttl_us is not None:
+            ttl = tr.life(task.created + ttl_us, task.created)
+        elif ttl_s is not None and ttl_s > 0:
             ttl = int(ttl_s * 1_000_000) + (now - task.created) + max(delay, 0)
 
         def released(t: Task) -> None:
@@ -108,6 +114,44 @@ class TaskVerbs(EngineBase):
 
         after = tube.wake_one_consumer if delay <= 0 else None
         return self._change(self.queue_space(space_id), tube, task, released, counter="release", after=after)
+
+    def bury_any(self, space_id: int, task_id: Any) -> Later[bytes]:
+        """Buried whatever its state and whoever holds it (tarantool/queue's bury)."""
+        tube, task = self.find(space_id, task_id)
+
+        def buried(t: Task) -> None:
+            t.status, t.event, t.cbury, t.cid = BURIED, t.expires, t.cbury + 1, 0
+
+        return self._change(self.queue_space(space_id), tube, task, buried, counter="bury")
+
+    def prolong(self, space_id: int, task_id: Any, delta: int | None) -> Later[bytes]:
+        """``delta`` microseconds more for the task's current deadline, its ttl and its ttr;
+        None: all three become endless (tarantool/queue's touch)."""
+        tube, task = self.find(space_id, task_id)
+
+        def prolonged(t: Task) -> None:
+            if delta is None:
+                t.ttl = t.ttr = tr.MAX_TIME_US - t.created
+                t.event = tr.MAX_TIME_US
+            else:
+                t.ttl = tr.life(t.created + t.ttl + delta, t.created)
+                t.ttr = min(t.ttr + delta, tr.MAX_TIME_US)
+                t.event = min(t.event + delta, tr.MAX_TIME_US)
+
+        return self._change(self.queue_space(space_id), tube, task, prolonged, counter="touch")
+
+    async def release_taken(self, space_id: int, tube_name: str) -> int:
+        """Every taken task of the tube back to ready, whoever holds it."""
+        queue_space = self.queue_space(space_id)
+        tube = self.tubes.get((queue_space.id, tube_name))
+        if tube is None:
+            return 0
+        taken = [t for t in tube.tasks.values() if t.status == TAKEN]
+        pending = [self._change(queue_space, tube, t, tr.made_ready, counter="release", after=tube.wake_one_consumer)
+                   for t in taken]
+        for later in pending:
+            await later
+        return len(pending)
 
     def requeue(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         """Back to ready behind every ready task of the tube, whatever their priority (D13)."""

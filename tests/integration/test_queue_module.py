@@ -1,0 +1,352 @@
+"""tarantool/queue's API (``queue.create_tube``, ``queue.tube.<name>:<method>``) over CALL with the
+``tarantool`` connector: the same scenarios, with the same expected answers, run against boxqueue
+and (``BOXQUEUE_TEST_TARGET=tarantool``) against Tarantool 2.6 running the module itself, from the
+folder in ``BOXQUEUE_QUEUE_MODULE`` (default: ``../shared/anchors/tarantool-queue`` next to the
+repository), which checks that every expectation here is the module's.
+
+Timing fields are not compared (the module's answers hold none: a task is ``[id, status, data]``).
+Errors are compared by code and text, without the ``file:line:`` prefix Lua gives the module's
+errors (it names where the module is installed)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import tarantool
+
+from tests.integration.conftest import TARGET
+from tests.serverproc import ServerProcess, free_port, wait_for_greeting
+
+GUEST = """
+[guest]
+grants = [{ privileges = ["read", "write", "execute"], object_type = "universe" }]
+"""
+MODULE = Path(os.environ.get("BOXQUEUE_QUEUE_MODULE", Path(__file__).parents[3] / "shared/anchors/tarantool-queue"))
+_names = itertools.count()
+
+
+class ReferenceQueue:
+    """Tarantool 2.6 with the module loaded as ``queue``."""
+
+    def __init__(self, workdir: Path) -> None:
+        if not (MODULE / "queue" / "init.lua").exists():
+            pytest.skip(f"the tarantool/queue module is not in {MODULE} (BOXQUEUE_QUEUE_MODULE)")
+        self.port = free_port()
+        env = dict(os.environ, TT_PORT=str(self.port), TT_DIR=str(workdir), TT_QUEUE_MODULE=str(MODULE))
+        script = Path(__file__).with_name("tarantool_queue_reference.lua")
+        self.proc = subprocess.Popen([shutil.which("tarantool") or "tarantool", str(script)], env=env)
+        wait_for_greeting(self.port, 30, self.proc)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if TARGET == "tarantool":
+        ref = ReferenceQueue(tmp_path_factory.mktemp("tarantool-queue"))
+        yield ref
+        ref.stop()
+        return
+    proc = ServerProcess(tmp_path_factory.mktemp("queue-module"), extra_config=GUEST)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def connect(server):
+    opened = []
+
+    def connect() -> tarantool.Connection:
+        conn = tarantool.connect("127.0.0.1", server.port)
+        opened.append(conn)
+        return conn
+
+    yield connect
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def conn(connect):
+    return connect()
+
+
+def call(conn: tarantool.Connection, name: str, *args):
+    """The answer's data, or ("error", code, text) with Lua's location prefix taken off."""
+    try:
+        return conn.call(name, list(args)).data
+    except tarantool.error.DatabaseError as exc:
+        code, text = exc.args[0], exc.args[1]
+        return ("error", code, re.sub(r"^\S*\.lua:\d+: ", "", text))
+
+
+def new_tube(conn: tarantool.Connection, kind: str, opts: dict | None = None) -> str:
+    """A tube of its own for the test. Over CALL the module fails to encode the tube object it
+    returns (it holds functions; a ttl type's, its fiber first): the tube exists all the same."""
+    name = f"t{os.getpid()}_{next(_names)}_{kind}"
+    args = [name, kind] if opts is None else [name, kind, opts]
+    held = "userdata" if kind.endswith("ttl") else "function"
+    assert call(conn, "queue.create_tube", *args) == ("error", 32, f"unsupported Lua type '{held}'")
+    return name
+
+
+def wait_for(fn, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifottl"])
+def test_put_take_ack_answer_the_task_with_integer_ids_and_status_letters(conn, kind):
+    tube = new_tube(conn, kind)
+    q = f"queue.tube.{tube}:"
+    assert call(conn, q + "put", "a") == [[0, "r", "a"]]
+    assert call(conn, q + "put", {"k": [1, 2]}) == [[1, "r", {"k": [1, 2]}]]
+    assert call(conn, q + "take") == [[0, "t", "a"]]
+    assert call(conn, q + "peek", 0) == [[0, "t", "a"]]
+    assert call(conn, q + "ack", 0) == [[0, "-", "a"]]
+    assert call(conn, q + "peek", 0) == ("error", 32, "Task 0 not found")
+    assert call(conn, q + "take", 0) == [[1, "t", {"k": [1, 2]}]]
+    assert call(conn, q + "take", 0) == []
+    assert call(conn, q + "release", 1) == [[1, "r", {"k": [1, 2]}]]
+    # An id is one more than the highest one the tube holds: 1 is there, so 2; with the highest
+    # gone, its id is given again.
+    assert call(conn, q + "put", "c") == [[2, "r", "c"]]
+    assert call(conn, q + "delete", 2) == [[2, "-", "c"]]
+    assert call(conn, q + "put", "d") == [[2, "r", "d"]]
+    assert call(conn, q + "truncate") == []
+    assert call(conn, q + "put", "e") == [[0, "r", "e"]]
+    assert call(conn, q + "drop") == [True]
+
+
+def test_fifo_takes_in_put_order_whatever_the_priority(conn):
+    tube = new_tube(conn, "fifo")
+    q = f"queue.tube.{tube}:"
+    for data, pri in (("a", 5), ("b", 0), ("c", -1)):
+        call(conn, q + "put", data, {"pri": pri})
+    assert [call(conn, q + "take", 0)[0][2] for _ in range(3)] == ["a", "b", "c"]
+
+
+def test_fifottl_takes_the_smallest_priority_first_then_in_put_order(conn):
+    tube = new_tube(conn, "fifottl", {"pri": 3})
+    q = f"queue.tube.{tube}:"
+    call(conn, q + "put", "default-1")  # the tube's pri, 3
+    call(conn, q + "put", "five", {"pri": 5})
+    call(conn, q + "put", "zero", {"pri": 0})
+    call(conn, q + "put", "default-2")
+    call(conn, q + "put", "one", {"pri": 1})
+    taken = [call(conn, q + "take", 0)[0][2] for _ in range(5)]
+    assert taken == ["zero", "one", "default-1", "default-2", "five"]
+    assert call(conn, q + "release", 2) == [[2, "r", "zero"]]
+    assert call(conn, q + "take", 0) == [[2, "t", "zero"]]
+    # the space's format keeps pri unsigned
+    refused = ("error", 23, "Tuple field 6 type does not match one required by operation: expected unsigned")
+    assert call(conn, q + "put", "minus", {"pri": -2}) == refused
+    assert call(conn, q + "put", "half", {"pri": 0.5}) == refused
+
+
+def test_errors_of_the_methods(connect):
+    conn, other = connect(), connect()
+    tube = new_tube(conn, "fifo")
+    q = f"queue.tube.{tube}:"
+    assert call(conn, "queue.create_tube", tube, "fifo") == ("error", 32, f"Space '{tube}' already exists")
+    assert call(conn, "queue.create_tube", tube + "x", "lifo") == ("error", 32, "Unknown tube type lifo")
+    assert call(conn, "queue.create_tube", tube + "x", "fifo") != ("error", 32, "Unknown tube type lifo")  # (made)
+    assert call(conn, f"queue.tube.{tube}x:drop") == [True]
+    assert call(conn, "queue.tube.no_such_tube:put", 1) == ("error", 33, "Procedure 'queue.tube.no_such_tube:put' is not defined")
+    assert call(conn, q + "put") == ("error", 39, "Tuple field 3 required by space format is missing")
+    call(conn, q + "put", "a")
+    call(conn, q + "put", "b")
+    assert call(conn, q + "ack", 0) == ("error", 32, "Task was not taken")
+    assert call(conn, q + "release", 0) == ("error", 32, "Task was not taken")
+    assert call(conn, q + "ack", 77) == ("error", 32, "Task was not taken")
+    assert call(conn, q + "peek", 77) == ("error", 32, "Task 77 not found")
+    assert call(conn, q + "delete", 77) == ("error", 32, "Task 77 not found")
+    assert call(conn, q + "bury", 77) == ("error", 32, "Task 77 not found")
+    assert call(conn, q + "take", 0) == [[0, "t", "a"]]
+    # Only the session that took a task acks, releases or touches it.
+    assert call(other, q + "ack", 0) == ("error", 32, "Task was not taken")
+    assert call(other, q + "release", 0) == ("error", 32, "Task was not taken")
+    assert call(other, q + "touch", 0, 5) == ("error", 32, "Task was not taken")
+    assert call(conn, q + "touch", 0, 5) == ("error", 32, "fifo queue does not support touch")
+    assert call(conn, q + "touch", 0) == []  # no delta: nothing done
+    assert call(conn, q + "touch", 0, -1) == []
+    assert call(conn, q + "drop") == ("error", 32, "There are taken tasks in the tube")
+    assert call(conn, q + "ack", 0) == [[0, "-", "a"]]
+    assert call(conn, q + "drop") == [True]
+    assert call(conn, q + "put", "x") == ("error", 33, f"Procedure 'queue.tube.{tube}:put' is not defined")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifottl"])
+def test_bury_and_kick(connect, kind):
+    conn, other = connect(), connect()
+    tube = new_tube(conn, kind)
+    q = f"queue.tube.{tube}:"
+    for data in "abcd":
+        call(conn, q + "put", data)
+    assert call(conn, q + "bury", 1) == [[1, "!", "b"]]
+    assert call(conn, q + "bury", 1) == [[1, "!", "b"]]  # buried already: as it is
+    assert call(conn, q + "take", 0) == [[0, "t", "a"]]
+    assert call(other, q + "bury", 0) == [[0, "!", "a"]]  # any session buries any task
+    assert call(conn, q + "ack", 0) == ("error", 32, "Task was not taken")
+    assert call(conn, q + "bury", 3) == [[3, "!", "d"]]
+    assert call(conn, q + "kick", 2) == [2]
+    assert call(conn, q + "kick", 5) == [1]
+    assert call(conn, q + "kick") == [0]
+    assert call(conn, q + "kick", 0) == [0]
+    assert sorted(call(conn, q + "take", 0)[0][0] for _ in range(4)) == [0, 1, 2, 3]
+    stats = call(conn, "queue.statistics", tube)[0]
+    assert stats["calls"]["bury"] == 3 and stats["calls"]["kick"] == 3
+    assert stats["tasks"] == {"taken": 4, "ready": 0, "buried": 0, "delayed": 0, "done": 0, "total": 4}
+
+
+def test_statistics_count_calls_and_tasks_as_the_module_does(conn):
+    tube = new_tube(conn, "fifottl")
+    q = f"queue.tube.{tube}:"
+    zero = {"ack": 0, "bury": 0, "delete": 0, "kick": 0, "put": 0, "release": 0, "take": 0, "touch": 0,
+            "ttl": 0, "ttr": 0, "delay": 0}
+    empty = {"taken": 0, "ready": 0, "buried": 0, "delayed": 0, "done": 0, "total": 0}
+    assert call(conn, "queue.statistics", tube) == [{"tasks": empty, "calls": zero}]
+    for data in "abcde":
+        call(conn, q + "put", data)
+    call(conn, q + "put", "later", {"delay": 60})
+    call(conn, q + "take")
+    call(conn, q + "ack", 0)
+    call(conn, q + "take")
+    call(conn, q + "touch", 1, 30)
+    call(conn, q + "release", 1)
+    call(conn, q + "delete", 2)
+    call(conn, q + "bury", 3)
+    call(conn, q + "take")
+    assert call(conn, "queue.statistics", tube) == [{
+        "tasks": {"taken": 1, "ready": 1, "buried": 1, "delayed": 1, "done": 2, "total": 4},
+        # a touch counts twice: the module's tube and its driver count it each
+        "calls": {**zero, "put": 6, "take": 3, "ack": 1, "touch": 2, "release": 1, "delete": 1, "bury": 1},
+    }]
+    everything = call(conn, "queue.stats")[0]
+    assert everything[tube] == call(conn, "queue.statistics", tube)[0]
+    call(conn, q + "release", 1)
+    call(conn, q + "drop")
+
+
+def test_ttl_ends_a_task_and_delay_holds_it_back(conn):
+    tube = new_tube(conn, "fifottl")
+    q = f"queue.tube.{tube}:"
+    assert call(conn, q + "put", "late", {"delay": 0.5}) == [[0, "~", "late"]]
+    assert call(conn, q + "take", 0) == []
+    assert call(conn, q + "put", "short", {"ttl": 0.3}) == [[1, "r", "short"]]
+    wait_for(lambda: call(conn, q + "peek", 1) == ("error", 32, "Task 1 not found"), "the ttl to end")
+    assert call(conn, q + "take", 5) == [[0, "t", "late"]]
+    calls = call(conn, "queue.statistics", tube)[0]["calls"]
+    assert (calls["ttl"], calls["delete"], calls["delay"]) == (1, 1, 1)
+    assert call(conn, "queue.statistics", tube)[0]["tasks"]["done"] == 1
+    call(conn, q + "ack", 0)
+    call(conn, q + "drop")
+
+
+def test_ttr_returns_a_taken_task_and_touch_extends_it(conn):
+    tube = new_tube(conn, "fifottl", {"ttr": 0.4})
+    q = f"queue.tube.{tube}:"
+    call(conn, q + "put", "a")
+    call(conn, q + "put", "b")
+    assert call(conn, q + "take", 0) == [[0, "t", "a"]]
+    assert call(conn, q + "take", 0) == [[1, "t", "b"]]
+    assert call(conn, q + "touch", 1, 30) == [[1, "t", "b"]]
+    wait_for(lambda: call(conn, q + "peek", 0) == [[0, "r", "a"]], "the ttr to end")
+    time.sleep(0.5)
+    assert call(conn, q + "peek", 1) == [[1, "t", "b"]]  # touched: 30 s more
+    assert call(conn, "queue.statistics", tube)[0]["calls"]["ttr"] == 1
+    assert call(conn, q + "ack", 1) == [[1, "-", "b"]]
+    call(conn, q + "drop")
+
+
+def test_release_with_a_delay(conn):
+    tube = new_tube(conn, "fifottl")
+    q = f"queue.tube.{tube}:"
+    call(conn, q + "put", "a")
+    call(conn, q + "take")
+    assert call(conn, q + "release", 0, {"delay": 0.5}) == [[0, "~", "a"]]
+    assert call(conn, q + "take", 0) == []
+    assert call(conn, q + "take", 5) == [[0, "t", "a"]]
+    call(conn, q + "ack", 0)
+    # fifo has no delays: a release with one makes the task ready at once
+    fifo = new_tube(conn, "fifo")
+    call(conn, f"queue.tube.{fifo}:put", "b")
+    call(conn, f"queue.tube.{fifo}:take")
+    assert call(conn, f"queue.tube.{fifo}:release", 0, {"delay": 5}) == [[0, "r", "b"]]
+    call(conn, q + "drop")
+    call(conn, f"queue.tube.{fifo}:drop")
+
+
+def test_a_waiting_take_gets_a_task_put_meanwhile_and_a_disconnect_releases_takes(connect):
+    import threading
+
+    conn, consumer = connect(), connect()
+    tube = new_tube(conn, "fifo")
+    q = f"queue.tube.{tube}:"
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(call(consumer, q + "take", 10)))
+    waiting.start()
+    time.sleep(0.3)
+    call(conn, q + "put", "wanted")
+    waiting.join(10)
+    assert got == [[[0, "t", "wanted"]]]
+    consumer.close()
+    wait_for(lambda: call(conn, q + "peek", 0) == [[0, "r", "wanted"]], "the disconnect to release the task")
+    assert call(conn, q + "take", 0) == [[0, "t", "wanted"]]
+    other = connect()
+    assert call(other, q + "release_all") == []
+    assert call(conn, q + "peek", 0) == [[0, "r", "wanted"]]
+    call(conn, q + "drop")
+
+
+def test_queue_functions(conn):
+    assert call(conn, "queue.state") == ["RUNNING"]
+    assert call(conn, "queue.cfg", {"no_such_option": 1}) == ("error", 32, "Unknown option no_such_option")
+    assert call(conn, "queue.cfg", {"in_replicaset": 1}) == ("error", 32, "Invalid value of in_replicaset: 1")
+    assert call(conn, "queue.cfg", {"ttr": 0}) == []
+    tube = new_tube(conn, "fifo")
+    assert tube in call(conn, "queue.statistics")[0]
+    call(conn, f"queue.tube.{tube}:drop")
+    assert tube not in call(conn, "queue.statistics")[0]
+
+
+@pytest.mark.skipif(TARGET != "ours", reason="boxqueue's own: one engine behind every API, restarts")
+def test_a_module_tube_survives_a_restart_and_box_queue_statistics_keep_their_name(tmp_path):
+    proc = ServerProcess(tmp_path / "srv", extra_config=GUEST)
+    proc.start()
+    try:
+        conn = tarantool.connect("127.0.0.1", proc.port)
+        tube = new_tube(conn, "fifottl", {"ttr": 100, "pri": 2})
+        q = f"queue.tube.{tube}:"
+        call(conn, q + "put", "a")
+        call(conn, q + "put", "b", {"pri": 1})
+        call(conn, q + "take")
+        conn.close()
+        proc.kill()
+        proc.start()
+        conn = tarantool.connect("127.0.0.1", proc.port)
+        # The tube, its defaults and its tasks are back; a take left by the killed session is ready.
+        assert call(conn, q + "peek", 1) == [[1, "r", "b"]]
+        assert call(conn, q + "put", "c") == [[2, "r", "c"]]
+        assert [call(conn, q + "take", 0)[0][2] for _ in range(3)] == ["b", "a", "c"]
+        # box.queue's alias keeps its meaning with a space number first
+        assert call(conn, "queue.statistics", 0) == [[]]
+        assert call(conn, "queue.statistics", tube)[0]["tasks"]["taken"] == 3
+        conn.close()
+    finally:
+        proc.kill()

@@ -1,0 +1,451 @@
+"""tarantool/queue's API (the module most Tarantool applications queue with today, 1.5.0) on the
+tube engine: ``queue.create_tube``, ``queue.tube.<name>:<method>`` over CALL, ``queue.statistics``,
+``queue.state``, ``queue.cfg``.
+
+Served natively, not by running the module's Lua. A module tube ``jobs`` is the engine's tube
+``jobs`` in an engine-owned space named ``jobs`` (the module names a tube's space after it), with
+the tube layout of :mod:`tubes.task`, so box.queue, Deckard and Zaqar reach its tasks like any
+other tube's. What the module keeps in its ``_queue`` space (the tube's type and defaults) is the
+engine's tube record. What this layer adds:
+
+* the module's task: ``[id, status letter, data]``, ids integers (stored as their decimal text,
+  the engine's ids being strings), each one more than the tube's highest live id, as the module
+  takes ``max(task_id) + 1``;
+* its status letters (``r t - ! ~``), priorities (smaller first, as given), defaults (ttl and ttr
+  of 100 years, ttr defaulting to ttl, ``delay`` adding to ttl) and, per type, which options count
+  (``fifo`` has no ttl, ttr or pri);
+* its checks and texts, as ER_PROC_LUA (32): the texts without the ``file:line:`` prefix Lua puts
+  in front of them, which names where the module is installed;
+* its counters: ``queue.statistics`` shows the module's quirks too (a touch of a ``fifottl`` task
+  counts twice, as the module's tube and driver each count it).
+
+Types served: ``fifo`` and ``fifottl``. Not yet: ``utube``, ``utubettl``, ``limfifottl``,
+``queue.identify`` and sessions kept across a reconnect (a disconnect releases the session's
+takes, as the module does with ``queue.cfg{ttr = 0}``, its default), ``grant``, and the module
+from Lua (console, EVAL). ``temporary`` is accepted and stored; the tube is durable all the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from errcodes import ER, BoxError
+from spaces import msgpack_scan
+from spaces.later import Later
+from spaces.msgpack_values import Raw, array_header, pack, unpack
+from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
+from tubes.box_queue import BoxQueue
+from tubes.engine import QueueEngine, proc_error
+from tubes.kinds import QUEUE_MODULE
+from tubes.numbers import tonumber
+from tubes.task import BURIED, DELAYED, DONE, READY, TAKEN, TUBE_LAYOUT
+
+VERSION = "1.5.0"
+TYPES = ("fifo", "fifottl")
+STATUS = {READY: "r", TAKEN: "t", DONE: "-", BURIED: "!", DELAYED: "~"}
+_PACKED_STATUS = {pack(status): pack(letter) for status, letter in STATUS.items()}
+# The module's states, in the order its statistics name them.
+TASK_STATES = (("ready", READY), ("taken", TAKEN), ("done", DONE), ("buried", BURIED), ("delayed", DELAYED))
+MAX_TIMEOUT = 365 * 86400 * 100  # seconds: the module's "no timeout"
+US = 1_000_000
+TAKE_FOREVER = float(MAX_TIMEOUT)
+
+# method -> whether it writes (a follower refuses those)
+METHODS = {
+    "put": True, "take": True, "touch": True, "ack": True, "release": True, "peek": False, "bury": True,
+    "kick": True, "delete": True, "drop": True, "truncate": True, "release_all": True,
+}
+PREFIX = "queue.tube."
+
+
+class ModuleTube:
+    """What the module keeps of a tube in ``_queue``: its type and its defaults (seconds)."""
+
+    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "last_id")
+
+    def __init__(self, name: str, space_id: int, options: dict[str, Any]) -> None:
+        self.name = name
+        self.space_id = space_id
+        self.type = options["type"]
+        self.ttl = options.get("ttl")
+        self.ttr = options.get("ttr")
+        self.pri = options.get("pri")
+        self.last_id: int | None = None  # the highest id handed out, while it may be live
+
+
+def _lua_or(value: Any, default: Any) -> Any:
+    """Lua's ``value or default``: only nil and false give way (0 is true in Lua)."""
+    return default if value is None or value is False else value
+
+
+def _seconds_us(seconds: Any) -> int:
+    """The module's ``util.time``: seconds to microseconds, negative as 0."""
+    return 0 if seconds < 0 else int(seconds * US)
+
+
+def _options(opts: Any, fn: str) -> dict[str, Any]:
+    if opts is None:
+        return {}
+    if not isinstance(opts, dict):
+        raise proc_error(f"attempt to index local 'opts' (a {_lua_type(opts)} value)")
+    return opts
+
+
+def _lua_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, dict)):
+        return "table"
+    return "userdata"
+
+
+def _number_option(opts: dict[str, Any], name: str) -> Any:
+    value = opts.get(name)
+    if value is None or value is False or isinstance(value, (int, float)):
+        return value
+    number = tonumber(value)
+    if number is None:
+        raise proc_error(f"attempt to compare number with {_lua_type(value)}")
+    return number
+
+
+class QueueModule:
+    """The procedures, bound to one engine (and to box.queue's, which shares its sessions)."""
+
+    def __init__(self, engine: QueueEngine, box_queue: BoxQueue) -> None:
+        self.engine = engine
+        self.box_queue = box_queue
+        self.kind = engine.kind_named(QUEUE_MODULE)
+        self._tubes: dict[str, ModuleTube] = {}
+        self._entries: dict[str, ProcedureEntry] = {}
+        self.config: dict[str, Any] = {"in_replicaset": False}
+
+    def register(self, procedures: Procedures) -> None:
+        procedures.register("queue.create_tube", self.create_tube, writes=True)
+        procedures.register("queue.statistics", self.statistics)  # and box.queue's alias (a space id first)
+        procedures.register("queue.stats", self.statistics)
+        procedures.register("queue.state", self.state)
+        procedures.register("queue.cfg", self.cfg)
+        procedures.add_resolver(self._resolve)
+
+    # -- tubes -----------------------------------------------------------------------------------
+
+    def tube_named(self, name: str) -> ModuleTube | None:
+        """The module's tube ``name``, from the engine's records (kept once seen)."""
+        known = self._tubes.get(name)
+        space = self.engine.catalog.by_name.get(name)
+        if known is not None and space is not None and space.id == known.space_id:
+            return known
+        self._tubes.pop(name, None)
+        if space is None:
+            return None
+        tube = self.engine.existing_tube(space.id, name)
+        options = None if tube is None else tube.options
+        if not options or options.get("type") not in TYPES or tube.kind.name != QUEUE_MODULE:
+            return None
+        found = self._tubes[name] = ModuleTube(name, space.id, options)
+        return found
+
+    def _resolve(self, name: str) -> ProcedureEntry | None:
+        """``queue.tube.<tube>:<method>`` for the tubes that exist."""
+        if not name.startswith(PREFIX):
+            return None
+        tube_name, _, method = name[len(PREFIX):].rpartition(":")
+        if method not in METHODS or self.tube_named(tube_name) is None:
+            return None
+        entry = self._entries.get(name)
+        if entry is None:
+            fn = functools.partial(getattr(self, "_" + method), tube_name)
+            entry = self._entries[name] = make_entry(name, fn, writes=METHODS[method])
+        return entry
+
+    def _tube(self, name: str) -> ModuleTube:
+        tube = self.tube_named(name)
+        if tube is None:  # dropped since the call was resolved
+            raise BoxError(ER.NO_SUCH_PROC, f"queue.tube.{name}")
+        return tube
+
+    def _next_id(self, mt: ModuleTube) -> int:
+        """One more than the highest live id (what the module's ``max(task_id) + 1`` gives), also
+        counting ids handed to puts not yet durable."""
+        tube = self.engine.existing_tube(mt.space_id, mt.name)
+        last = mt.last_id
+        if last is None or (tube is not None and not tube.pending and str(last) not in tube.tasks):
+            ids = [int(k) for k in tube.tasks] if tube is not None else []
+            last = max(ids, default=-1)
+        mt.last_id = last + 1
+        return last + 1
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _answer(raw: bytes, status: str | None = None) -> Raw:
+        """The module's task ``[id, status, data]`` from a stored task tuple."""
+        data_at = TUBE_LAYOUT.data_at
+        _count, offsets = msgpack_scan.fields_at(raw, data_at)
+        task_id = int(unpack(raw[offsets[0]:offsets[1]]))
+        letter = pack(STATUS[status]) if status is not None else _PACKED_STATUS[raw[offsets[2]:offsets[3]]]
+        return Raw(array_header(3) + pack(task_id) + letter + raw[offsets[data_at]:])
+
+    def _answered(self, status: str | None = None) -> Any:
+        def answered(raw: bytes) -> list[Any]:
+            return [self._answer(raw, status)]
+
+        return answered
+
+    @staticmethod
+    def _key(task_id: Any, part: int) -> str:
+        """A task id as the engine stores it; what the module's unsigned index would refuse is
+        refused with its error."""
+        if type(task_id) is int and task_id >= 0:
+            return str(task_id)
+        if type(task_id) is float and task_id >= 0 and task_id == int(task_id):
+            return str(int(task_id))
+        raise BoxError(ER.KEY_PART_TYPE, part, "unsigned")
+
+    def _task(self, mt: ModuleTube, task_id: Any) -> Any:
+        """The task, else the module's peek error."""
+        key = self._key(task_id, 0)
+        tube = self.engine.existing_tube(mt.space_id, mt.name)
+        task = None if tube is None else tube.tasks.get(key)
+        if task is None:
+            raise proc_error(f"Task {_lua_tostring(task_id)} not found")
+        return task
+
+    def _check_taken(self, mt: ModuleTube, task_id: Any, ctx: CallContext) -> str:
+        key = self._key(task_id, 1)
+        tube = self.engine.existing_tube(mt.space_id, mt.name)
+        task = None if tube is None else tube.tasks.get(key)
+        if task is None or task.status != TAKEN or task.cid != ctx.session_id:
+            raise proc_error("Task was not taken")
+        return key
+
+    # -- queue.* ---------------------------------------------------------------------------------
+
+    async def create_tube(self, ctx: CallContext, name: Any = None, type: Any = None, opts: Any = None) -> list[Any]:
+        """Creates the tube; over CALL the module then fails to encode the tube object it returns
+        (it holds functions), and so does this: the tube exists, the caller hears ER_PROC_LUA."""
+        options = dict(_options(opts, "create_tube"))
+        if not isinstance(name, str):
+            raise proc_error("bad argument #1 to 'format' (string expected, got " + _lua_type(name) + ")")
+        if_not_exists = options.get("if_not_exists") is True
+        if if_not_exists and (known := self.tube_named(name)) is not None:
+            raise _unencodable(known.type)
+        if type not in TYPES:
+            raise proc_error(f"Unknown tube type {_lua_tostring(type)}")
+        if name in self.engine.catalog.by_name and not if_not_exists:
+            raise proc_error(f"Space '{name}' already exists")
+        record: dict[str, Any] = {"type": type}
+        if options.get("temporary"):
+            record["temporary"] = True
+        if type == "fifottl":
+            ttl = _lua_or(_number_option(options, "ttl"), MAX_TIMEOUT)
+            record["ttl"] = ttl
+            record["ttr"] = _lua_or(_number_option(options, "ttr"), ttl)
+            record["pri"] = _lua_or(_number_option(options, "pri"), 0)
+        queue_space = await self.engine.own_space(name, self.kind)
+        await self.engine.create_tube(queue_space.id, name, record, self.kind)
+        raise _unencodable(type)
+
+    def statistics(self, ctx: CallContext, name: Any = None, tube: Any = None) -> list[Any]:
+        """The module's statistics of one tube or of all; a space number first is box.queue's."""
+        if isinstance(name, (int, float)) and not isinstance(name, bool):
+            return self.box_queue.statistics(ctx, name, tube)
+        if name is not None:
+            mt = self.tube_named(name) if isinstance(name, str) else None
+            if mt is None:
+                raise proc_error("attempt to index field '?' (a nil value)")
+            return [self._stats(mt)]
+        names = sorted(
+            t.name for qs in self.engine.owned_spaces(QUEUE_MODULE) for t in self.engine.stored_tubes(qs.id)
+        )
+        return [{n: self._stats(mt) for n in names if (mt := self.tube_named(n)) is not None}]
+
+    def _stats(self, mt: ModuleTube) -> dict[str, Any]:
+        tube = self.engine.existing_tube(mt.space_id, mt.name)
+        stats = {} if tube is None else tube.stats
+        counts = {} if tube is None else tube.counts
+        tasks = {name: counts.get(status, 0) for name, status in TASK_STATES}
+        tasks["total"] = sum(tasks.values())
+        ttl = stats.get("ttl.total", 0)
+        calls = {
+            "ack": stats.get("ack", 0), "bury": stats.get("bury", 0), "delete": stats.get("delete", 0) + ttl,
+            "kick": stats.get("dig", 0), "put": stats.get("put", 0), "release": stats.get("release", 0),
+            "take": stats.get("take", 0), "touch": stats.get("touch", 0), "ttl": ttl,
+            "ttr": stats.get("ttr", 0), "delay": stats.get("delay", 0),
+        }
+        tasks["done"] = calls["ack"] + calls["delete"]
+        return {"tasks": tasks, "calls": calls}
+
+    def state(self, ctx: CallContext) -> list[Any]:
+        return ["WAITING" if self.box_queue.standby else "RUNNING"]
+
+    def cfg(self, ctx: CallContext, opts: Any = None) -> list[Any]:
+        options = dict(_options(opts, "cfg"))
+        options.setdefault("in_replicaset", False)
+        for key, value in options.items():
+            if key == "in_replicaset":
+                if not isinstance(value, bool):
+                    raise proc_error(f"Invalid value of in_replicaset: {_lua_tostring(value)}")
+            elif key != "ttr":
+                raise proc_error(f"Unknown option {_lua_tostring(key)}")
+        self.config.update(options)
+        return []
+
+    # -- queue.tube.<name>:<method> --------------------------------------------------------------
+
+    def _put(self, name: str, ctx: CallContext, data: Any = None, opts: Any = None) -> Later[list[Any]]:
+        mt = self._tube(name)
+        options = _options(opts, "put")
+        if data is None:
+            raise BoxError(ER.FIELD_MISSING, 3)
+        delay_us, ttl_us, ttr_us, pri = 0, None, None, 0
+        if mt.type == "fifottl":
+            ttl = _lua_or(_number_option(options, "ttl"), mt.ttl)
+            ttr = _lua_or(_number_option(options, "ttr"), mt.ttr)
+            pri = _lua_or(_number_option(options, "pri"), _lua_or(mt.pri, 0))
+            delay = _number_option(options, "delay")
+            if type(pri) is not int or pri < 0:  # the module's space keeps pri unsigned
+                raise BoxError(ER.FIELD_TYPE, 6, "unsigned")
+            ttl_us, ttr_us = _seconds_us(ttl), _seconds_us(ttr)
+            if delay is not None and delay is not False and delay > 0:
+                delay_us = _seconds_us(delay)
+        task_id = self._next_id(mt)
+        return self.engine.put(
+            mt.space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=pri, data=[data], counter="put",
+            kind=self.kind, task_id=str(task_id),
+        ).map(self._answered())
+
+    def _take(self, name: str, ctx: CallContext, timeout: Any = None) -> Any:
+        mt = self._tube(name)
+        if timeout is None:
+            seconds = TAKE_FOREVER
+        else:
+            number = tonumber(timeout)
+            if number is None:
+                raise proc_error(f"attempt to compare number with {_lua_type(timeout)}")
+            seconds = 0.0 if number < 0 else min(float(number), TAKE_FOREVER)
+        consumer = self.box_queue.consumer(ctx)
+        taking = self.engine.take(mt.space_id, name, consumer, seconds)
+
+        def taken(raw: bytes | None) -> list[Any]:
+            return [] if raw is None else [self._answer(raw)]
+
+        if isinstance(taking, Later):
+            return taking.map(taken)
+        return self.box_queue.waiting(consumer, taking, taken)
+
+    def _ack(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
+        mt = self._tube(name)
+        key = self._check_taken(mt, task_id, ctx)
+        return self.engine.ack(mt.space_id, key, ctx.session_id).map(self._answered(DONE))
+
+    def _release(self, name: str, ctx: CallContext, task_id: Any = None, opts: Any = None) -> Later[list[Any]]:
+        mt = self._tube(name)
+        key = self._check_taken(mt, task_id, ctx)
+        options = _options(opts, "release")
+        delay = _number_option(options, "delay") if mt.type == "fifottl" else None
+        if delay is not None and delay is not False and delay > 0:
+            delay_us = _seconds_us(delay)
+            task = self._task(mt, task_id)
+            return self.engine.release(mt.space_id, key, ctx.session_id, delay_us, None,
+                                       ttl_us=task.ttl + delay_us).map(self._answered())
+        return self.engine.release(mt.space_id, key, ctx.session_id, 0, None).map(self._answered())
+
+    def _peek(self, name: str, ctx: CallContext, task_id: Any = None) -> list[Any]:
+        mt = self._tube(name)
+        task = self._task(mt, task_id)
+        return [self._answer(self.engine.peek(mt.space_id, task.id))]
+
+    def _bury(self, name: str, ctx: CallContext, task_id: Any = None) -> Any:
+        mt = self._tube(name)
+        task = self._task(mt, task_id)
+        if task.status == BURIED:
+            return [self._answer(self.engine.peek(mt.space_id, task.id))]
+        return self.engine.bury_any(mt.space_id, task.id).map(self._answered())
+
+    async def _kick(self, name: str, ctx: CallContext, count: Any = None) -> list[Any]:
+        mt = self._tube(name)
+        number = 1 if count is None else tonumber(count)
+        if number is None:
+            raise proc_error("'for' limit must be a number")
+        if number <= 0:
+            return [number]
+        wanted = math.floor(number)
+        kicked = await self.engine.kick(mt.space_id, name, wanted)
+        return [number if kicked == wanted else kicked]
+
+    def _delete(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
+        mt = self._tube(name)
+        task = self._task(mt, task_id)
+        return self.engine.delete(mt.space_id, task.id).map(self._answered(DONE))
+
+    def _touch(self, name: str, ctx: CallContext, task_id: Any = None, delta: Any = None) -> Any:
+        mt = self._tube(name)
+        if delta is None:
+            return []
+        number = tonumber(delta)
+        if number is None:
+            raise proc_error(f"attempt to compare {_lua_type(delta)} with number")
+        if number <= 0:
+            return []
+        key = self._check_taken(mt, task_id, ctx)
+        tube = self.engine.existing_tube(mt.space_id, name)
+        if tube is not None:
+            tube.count("touch")  # the module's tube counts it before its driver acts
+        if mt.type == "fifo":
+            raise proc_error("fifo queue does not support touch")
+        delta_us = None if number > MAX_TIMEOUT else int(number * US)
+        return self.engine.prolong(mt.space_id, key, delta_us).map(self._answered())
+
+    async def _truncate(self, name: str, ctx: CallContext) -> list[Any]:
+        mt = self._tube(name)
+        await self.engine.truncate(mt.space_id, name)
+        return []
+
+    async def _release_all(self, name: str, ctx: CallContext) -> list[Any]:
+        mt = self._tube(name)
+        await self.engine.release_taken(mt.space_id, name)
+        return []
+
+    async def _drop(self, name: str, ctx: CallContext) -> list[Any]:
+        mt = self._tube(name)
+        tube = self.engine.existing_tube(mt.space_id, name)
+        if tube is not None and tube.waiters:
+            raise proc_error("There are consumers connected the tube")
+        if tube is not None and any(t.status == TAKEN for t in tube.tasks.values()):
+            raise proc_error("There are taken tasks in the tube")
+        await self.engine.drop_owned_space(mt.space_id)
+        self._tubes.pop(name, None)
+        for entry in [n for n in self._entries if n.startswith(f"{PREFIX}{name}:")]:
+            del self._entries[entry]
+        return [True]
+
+
+def _unencodable(tube_type: str) -> BoxError:
+    """What the module's CALL of create_tube answers: its tube object holds functions, and a
+    ttl type's its fiber first, which msgpack cannot encode."""
+    return proc_error("unsupported Lua type 'userdata'" if tube_type.endswith("ttl") else
+                      "unsupported Lua type 'function'")
+
+
+def _lua_tostring(value: Any) -> str:
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value == int(value) and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)
+
+
+def register(procedures: Procedures, engine: QueueEngine, box_queue: BoxQueue) -> QueueModule:
+    module = QueueModule(engine, box_queue)
+    module.register(procedures)
+    return module
