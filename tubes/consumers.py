@@ -101,9 +101,12 @@ class Consumers(EngineBase):
         """The head of the ready list, skipping tasks already past their ttl (D7): the monitor,
         woken here, deletes those."""
         now = now_us()
+        busy = tube.subqueues_busy() if tube.options else None
         for key in tube.ready:
             task = tube.tasks[key[3]]
             if task.created + task.ttl > now:
+                if busy and task.attrs and task.attrs.get("utube", "") in busy:
+                    continue  # its sub-queue has a task taken already
                 return task
             tube.monitor_wakeup.set()
         return None

@@ -89,16 +89,19 @@ class Producers(EngineBase):
         counter: str | None = None,
         kind: TubeKind | None = None,
         task_id: str | None = None,
+        attrs: dict[str, Any] | None = None,
     ) -> Later[bytes]:
         """box.queue's insert: the position comes from the tube's kind (``ipri`` None: the
         default lane; urgent passes its lane). ``counter`` counts when the put is durable;
         ``kind`` is the caller's, which a tube holding nothing yet takes; ``task_id``: the
-        caller's id for the task (tarantool/queue's), else a new random one."""
+        caller's id for the task (tarantool/queue's), else a new random one; ``attrs``: the
+        task's attrs in the tube layout (a sub-queue's name, ``utube``)."""
         queue_space = self.queue_space(space_id)
         tube = self._tube(queue_space, tube_name)
         records, options = self._adopt(queue_space, tube, kind)
         ipri_, pri_ = tube.kind.put_order(pri, ipri)
-        task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri_, pri=pri_, task_id=task_id)
+        task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri_, pri=pri_, task_id=task_id,
+                             attrs=attrs)
         if queue_space.layout is QUEUE15 and not records:
             return self._put_one(queue_space, tube, task, data, counter)
         later = self._batch(queue_space, tube, inserts=[(task, self.tail(queue_space, data))], records=records)

@@ -19,10 +19,13 @@ engine's tube record. What this layer adds:
 * its counters: ``queue.statistics`` shows the module's quirks too (a touch of a ``fifottl`` task
   counts twice, as the module's tube and driver each count it).
 
-Types served: ``fifo`` and ``fifottl``. Not yet: ``utube``, ``utubettl``, ``limfifottl``,
-``queue.identify`` and sessions kept across a reconnect (a disconnect releases the session's
-takes, as the module does with ``queue.cfg{ttr = 0}``, its default), ``grant``, and the module
-from Lua (console, EVAL). ``temporary`` is accepted and stored; the tube is durable all the same.
+Types: ``fifo``, ``fifottl``, ``limfifottl`` (``capacity``; a put into a full tube waits up to its
+``timeout``), ``utube`` and ``utubettl`` (a task's ``utube`` names its sub-queue, which gives one
+task at a time: the engine's tubes of sub-queues, :meth:`tubes.tube.Tube.subqueues_busy`).
+Not yet: ``queue.identify`` and sessions kept across a reconnect (a disconnect releases the
+session's takes, as the module does with ``queue.cfg{ttr = 0}``, its default), ``grant``, the
+utube types' ``storage_mode`` (accepted, one order either way), and the module from Lua (console,
+EVAL). ``temporary`` is accepted and stored; the tube is durable all the same.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 import functools
 import math
 from typing import Any
+
+import trio
 
 from errcodes import ER, BoxError
 from spaces import msgpack_scan
@@ -43,7 +48,10 @@ from tubes.numbers import tonumber
 from tubes.task import BURIED, DELAYED, DONE, READY, TAKEN, TUBE_LAYOUT
 
 VERSION = "1.5.0"
-TYPES = ("fifo", "fifottl")
+TYPES = ("fifo", "fifottl", "limfifottl", "utube", "utubettl")
+TIMED = ("fifottl", "limfifottl", "utubettl")  # the types with ttl, ttr, pri and delays
+SUBQUEUES = ("utube", "utubettl")
+PUT_POLL_S = 0.01  # limfifottl: how often a put waiting for room looks again (the module's pace)
 STATUS = {READY: "r", TAKEN: "t", DONE: "-", BURIED: "!", DELAYED: "~"}
 _PACKED_STATUS = {pack(status): pack(letter) for status, letter in STATUS.items()}
 # The module's states, in the order its statistics name them.
@@ -63,7 +71,7 @@ PREFIX = "queue.tube."
 class ModuleTube:
     """What the module keeps of a tube in ``_queue``: its type and its defaults (seconds)."""
 
-    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "last_id")
+    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "capacity", "last_id")
 
     def __init__(self, name: str, space_id: int, options: dict[str, Any]) -> None:
         self.name = name
@@ -72,6 +80,7 @@ class ModuleTube:
         self.ttl = options.get("ttl")
         self.ttr = options.get("ttr")
         self.pri = options.get("pri")
+        self.capacity = options.get("capacity", 0)  # limfifottl: most tasks held; 0: no limit
         self.last_id: int | None = None  # the highest id handed out, while it may be live
 
 
@@ -199,6 +208,20 @@ class QueueModule:
 
         return answered
 
+    def _freeing(self, mt: ModuleTube, status: str | None = None) -> Any:
+        """The answer of a change that may free a sub-queue (an ack, delete or bury of a taken
+        task): in a tube of sub-queues a waiting take may now have a task."""
+        if mt.type not in SUBQUEUES:
+            return self._answered(status)
+
+        def answered(raw: bytes) -> list[Any]:
+            tube = self.engine.existing_tube(mt.space_id, mt.name)
+            if tube is not None:
+                tube.wake_one_consumer()
+            return [self._answer(raw, status)]
+
+        return answered
+
     @staticmethod
     def _key(task_id: Any, part: int) -> str:
         """A task id as the engine stores it; what the module's unsigned index would refuse is
@@ -244,11 +267,15 @@ class QueueModule:
         record: dict[str, Any] = {"type": type}
         if options.get("temporary"):
             record["temporary"] = True
-        if type == "fifottl":
+        if type in TIMED:
             ttl = _lua_or(_number_option(options, "ttl"), MAX_TIMEOUT)
             record["ttl"] = ttl
             record["ttr"] = _lua_or(_number_option(options, "ttr"), ttl)
             record["pri"] = _lua_or(_number_option(options, "pri"), 0)
+        if type == "limfifottl":
+            record["capacity"] = _lua_or(_number_option(options, "capacity"), 0)
+        if type in SUBQUEUES:
+            record["subqueues"] = True
         queue_space = await self.engine.own_space(name, self.kind)
         await self.engine.create_tube(queue_space.id, name, record, self.kind)
         raise _unencodable(type)
@@ -300,13 +327,37 @@ class QueueModule:
 
     # -- queue.tube.<name>:<method> --------------------------------------------------------------
 
-    def _put(self, name: str, ctx: CallContext, data: Any = None, opts: Any = None) -> Later[list[Any]]:
+    def _put(self, name: str, ctx: CallContext, data: Any = None, opts: Any = None) -> Any:
         mt = self._tube(name)
         options = _options(opts, "put")
+        if mt.type == "limfifottl" and mt.capacity and self._held(mt) >= mt.capacity:
+            timeout = _number_option(options, "timeout")
+            return self._put_when_room(mt, ctx, data, options, _lua_or(timeout, 0))
+        return self._put_now(mt, data, options)
+
+    def _held(self, mt: ModuleTube) -> int:
+        """Tasks held, and puts not durable yet (each one write in flight)."""
+        tube = self.engine.existing_tube(mt.space_id, mt.name)
+        return 0 if tube is None else len(tube.tasks) + tube.pending
+
+    async def _put_when_room(self, mt: ModuleTube, ctx: CallContext, data: Any, options: dict[str, Any],
+                             timeout: float) -> list[Any]:
+        """limfifottl's put into a full tube: it looks again every 10 ms until there is room or
+        ``timeout`` seconds have passed (then it answers nil), as the module does."""
+        started = trio.current_time()
+        while self._held(mt) >= mt.capacity:
+            if trio.current_time() - started > timeout:
+                return [None]
+            await trio.sleep(PUT_POLL_S)
+            mt = self._tube(mt.name)
+        return await self._put_now(mt, data, options)
+
+    def _put_now(self, mt: ModuleTube, data: Any, options: dict[str, Any]) -> Later[list[Any]]:
+        name = mt.name
         if data is None:
-            raise BoxError(ER.FIELD_MISSING, 3)
+            raise BoxError(ER.FIELD_MISSING, 3 if mt.type not in SUBQUEUES else 4 if mt.type == "utube" else 9)
         delay_us, ttl_us, ttr_us, pri = 0, None, None, 0
-        if mt.type == "fifottl":
+        if mt.type in TIMED:
             ttl = _lua_or(_number_option(options, "ttl"), mt.ttl)
             ttr = _lua_or(_number_option(options, "ttr"), mt.ttr)
             pri = _lua_or(_number_option(options, "pri"), _lua_or(mt.pri, 0))
@@ -316,10 +367,14 @@ class QueueModule:
             ttl_us, ttr_us = _seconds_us(ttl), _seconds_us(ttr)
             if delay is not None and delay is not False and delay > 0:
                 delay_us = _seconds_us(delay)
+        attrs = None
+        if mt.type in SUBQUEUES:  # msgpack's nil is box.NULL to the module: tostring gives "NULL"
+            attrs = {"utube": "NULL" if "utube" in options and options["utube"] is None
+                     else _lua_tostring(options.get("utube"))}
         task_id = self._next_id(mt)
         return self.engine.put(
             mt.space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=pri, data=[data], counter="put",
-            kind=self.kind, task_id=str(task_id),
+            kind=self.kind, task_id=str(task_id), attrs=attrs,
         ).map(self._answered())
 
     def _take(self, name: str, ctx: CallContext, timeout: Any = None) -> Any:
@@ -344,18 +399,18 @@ class QueueModule:
     def _ack(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
         key = self._check_taken(mt, task_id, ctx)
-        return self.engine.ack(mt.space_id, key, ctx.session_id).map(self._answered(DONE))
+        return self.engine.ack(mt.space_id, key, ctx.session_id).map(self._freeing(mt, DONE))
 
     def _release(self, name: str, ctx: CallContext, task_id: Any = None, opts: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
         key = self._check_taken(mt, task_id, ctx)
         options = _options(opts, "release")
-        delay = _number_option(options, "delay") if mt.type == "fifottl" else None
+        delay = _number_option(options, "delay") if mt.type in TIMED else None
         if delay is not None and delay is not False and delay > 0:
             delay_us = _seconds_us(delay)
             task = self._task(mt, task_id)
             return self.engine.release(mt.space_id, key, ctx.session_id, delay_us, None,
-                                       ttl_us=task.ttl + delay_us).map(self._answered())
+                                       ttl_us=task.ttl + delay_us).map(self._freeing(mt))
         return self.engine.release(mt.space_id, key, ctx.session_id, 0, None).map(self._answered())
 
     def _peek(self, name: str, ctx: CallContext, task_id: Any = None) -> list[Any]:
@@ -368,7 +423,7 @@ class QueueModule:
         task = self._task(mt, task_id)
         if task.status == BURIED:
             return [self._answer(self.engine.peek(mt.space_id, task.id))]
-        return self.engine.bury_any(mt.space_id, task.id).map(self._answered())
+        return self.engine.bury_any(mt.space_id, task.id).map(self._freeing(mt))
 
     async def _kick(self, name: str, ctx: CallContext, count: Any = None) -> list[Any]:
         mt = self._tube(name)
@@ -384,7 +439,7 @@ class QueueModule:
     def _delete(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
         task = self._task(mt, task_id)
-        return self.engine.delete(mt.space_id, task.id).map(self._answered(DONE))
+        return self.engine.delete(mt.space_id, task.id).map(self._freeing(mt, DONE))
 
     def _touch(self, name: str, ctx: CallContext, task_id: Any = None, delta: Any = None) -> Any:
         mt = self._tube(name)
@@ -399,8 +454,8 @@ class QueueModule:
         tube = self.engine.existing_tube(mt.space_id, name)
         if tube is not None:
             tube.count("touch")  # the module's tube counts it before its driver acts
-        if mt.type == "fifo":
-            raise proc_error("fifo queue does not support touch")
+        if mt.type not in TIMED:
+            raise proc_error(f"{mt.type} queue does not support touch")
         delta_us = None if number > MAX_TIMEOUT else int(number * US)
         return self.engine.prolong(mt.space_id, key, delta_us).map(self._answered())
 
@@ -429,9 +484,9 @@ class QueueModule:
 
 
 def _unencodable(tube_type: str) -> BoxError:
-    """What the module's CALL of create_tube answers: its tube object holds functions, and a
-    ttl type's its fiber first, which msgpack cannot encode."""
-    return proc_error("unsupported Lua type 'userdata'" if tube_type.endswith("ttl") else
+    """What the module's CALL of create_tube answers: its tube object holds functions, and
+    fifottl's and utubettl's their fiber first, which msgpack cannot encode."""
+    return proc_error("unsupported Lua type 'userdata'" if tube_type in ("fifottl", "utubettl") else
                       "unsupported Lua type 'function'")
 
 

@@ -74,6 +74,11 @@ class Remains:
         self.tally = tally
 
 
+def _subqueue(task: Task) -> str:
+    attrs = task.attrs
+    return "" if not attrs else attrs.get("utube", "")
+
+
 class Tube:
     """The tasks of one (space, tube) and what waits on them."""
 
@@ -100,6 +105,10 @@ class Tube:
         self.pending = 0  # writes in flight that insert tasks
         self.dropped = False  # the tube was dropped: what is still being written into it goes
         self.tally = [0] * len(TALLIES)  # see tally_of; kept with the Remains of a forgotten tube
+        # A tube of sub-queues (its record says ``subqueues``: tarantool/queue's utube) takes at
+        # most one task of each sub-queue (a task's ``attrs["utube"]``) at a time: how many
+        # taken tasks each sub-queue has, counted from the first take on (None before).
+        self.busy: dict[str, int] | None = None
 
     # -- structures ------------------------------------------------------------------------
 
@@ -117,6 +126,9 @@ class Tube:
         if self.by_expiry is not None:
             self.by_expiry.add((task.created + task.ttl, task.created, task.id))
         self.counts[status] += 1
+        if self.busy is not None and status == TAKEN:
+            sub = _subqueue(task)
+            self.busy[sub] = self.busy.get(sub, 0) + 1
 
     def leave(self, task: Task) -> None:
         status = task.status
@@ -132,6 +144,24 @@ class Tube:
         if self.by_expiry is not None:
             self.by_expiry.remove((task.created + task.ttl, task.created, task.id))
         self.counts[status] -= 1
+        if self.busy is not None and status == TAKEN:
+            sub = _subqueue(task)
+            left = self.busy[sub] - 1
+            if left:
+                self.busy[sub] = left
+            else:
+                del self.busy[sub]
+
+    def subqueues_busy(self) -> dict[str, int] | None:
+        """The taken tasks per sub-queue of a tube of sub-queues (None for other tubes), counted
+        once and kept up to date from then on."""
+        if self.busy is None and self.options is not None and self.options.get("subqueues"):
+            busy: dict[str, int] = {}
+            for task in self.tasks.values():
+                if task.status == TAKEN:
+                    busy[_subqueue(task)] = busy.get(_subqueue(task), 0) + 1
+            self.busy = busy
+        return self.busy
 
     def first_ready(self) -> Task | None:
         return self.tasks[self.ready[0][3]] if self.ready else None

@@ -92,10 +92,11 @@ def call(conn: tarantool.Connection, name: str, *args):
 
 def new_tube(conn: tarantool.Connection, kind: str, opts: dict | None = None) -> str:
     """A tube of its own for the test. Over CALL the module fails to encode the tube object it
-    returns (it holds functions; a ttl type's, its fiber first): the tube exists all the same."""
+    returns (it holds functions; fifottl's and utubettl's, their fiber first): the tube exists
+    all the same."""
     name = f"t{os.getpid()}_{next(_names)}_{kind}"
     args = [name, kind] if opts is None else [name, kind, opts]
-    held = "userdata" if kind.endswith("ttl") else "function"
+    held = "userdata" if kind in ("fifottl", "utubettl") else "function"
     assert call(conn, "queue.create_tube", *args) == ("error", 32, f"unsupported Lua type '{held}'")
     return name
 
@@ -350,3 +351,84 @@ def test_a_module_tube_survives_a_restart_and_box_queue_statistics_keep_their_na
         conn.close()
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("kind", ["utube", "utubettl"])
+def test_a_sub_queue_gives_one_task_at_a_time(connect, kind):
+    import threading
+
+    conn, waiter = connect(), connect()
+    tube = new_tube(conn, kind)
+    q = f"queue.tube.{tube}:"
+    assert call(conn, q + "put", "a1", {"utube": "A"}) == [[0, "r", "a1"]]
+    call(conn, q + "put", "a2", {"utube": "A"})
+    call(conn, q + "put", "b1", {"utube": "B"})
+    call(conn, q + "put", "n1")  # no utube: the sub-queue "nil" (tostring(nil))
+    call(conn, q + "put", "n2")
+    call(conn, q + "put", "x1", {"utube": None})  # msgpack's nil is box.NULL: the sub-queue "NULL"
+    assert call(conn, q + "take", 0) == [[0, "t", "a1"]]
+    assert call(conn, q + "take", 0) == [[2, "t", "b1"]]
+    assert call(conn, q + "take", 0) == [[3, "t", "n1"]]
+    assert call(conn, q + "take", 0) == [[5, "t", "x1"]]
+    assert call(conn, q + "take", 0) == []  # a2 and n2 wait for their sub-queues
+    assert call(conn, q + "ack", 3) == [[3, "-", "n1"]]
+    assert call(conn, q + "ack", 5) == [[5, "-", "x1"]]
+    assert call(conn, q + "take", 0) == [[4, "t", "n2"]]
+    assert call(conn, q + "touch", 4, 10) == (
+        ("error", 32, "utube queue does not support touch") if kind == "utube" else [[4, "t", "n2"]])
+    got = []
+    taking = threading.Thread(target=lambda: got.append(call(waiter, q + "take", 10)))
+    taking.start()
+    time.sleep(0.3)
+    assert got == []
+    assert call(conn, q + "ack", 0) == [[0, "-", "a1"]]  # A is free: the waiting take gets a2
+    taking.join(10)
+    assert got == [[[1, "t", "a2"]]]
+    assert call(conn, q + "put") == ("error", 39, "Tuple field 4 required by space format is missing" if kind == "utube"
+                                     else "Tuple field 9 required by space format is missing")
+    waiter.close()
+    wait_for(lambda: call(conn, q + "peek", 1) == [[1, "r", "a2"]], "the waiter's disconnect to release a2")
+    assert call(conn, q + "bury", 2) == [[2, "!", "b1"]]  # B is free again
+    call(conn, q + "put", "b2", {"utube": "B"})
+    assert call(conn, q + "take", 0) == [[1, "t", "a2"]]
+    assert call(conn, q + "take", 0) == [[5, "t", "b2"]]
+    stats = call(conn, "queue.statistics", tube)[0]
+    assert stats["tasks"] == {"taken": 3, "ready": 0, "buried": 1, "delayed": 0, "done": 3, "total": 4}
+
+
+def test_utubettl_orders_by_priority_within_the_free_sub_queues(conn):
+    tube = new_tube(conn, "utubettl")
+    q = f"queue.tube.{tube}:"
+    call(conn, q + "put", "a-low", {"utube": "A", "pri": 9})
+    call(conn, q + "put", "b-high", {"utube": "B", "pri": 1})
+    call(conn, q + "put", "a-high", {"utube": "A", "pri": 0})
+    assert call(conn, q + "take", 0) == [[2, "t", "a-high"]]
+    assert call(conn, q + "take", 0) == [[1, "t", "b-high"]]
+    assert call(conn, q + "take", 0) == []
+    assert call(conn, q + "release", 2, {"delay": 0.3}) == [[2, "~", "a-high"]]
+    assert call(conn, q + "take", 0) == [[0, "t", "a-low"]]  # A's other task, while a-high waits
+    assert call(conn, q + "ack", 0) == [[0, "-", "a-low"]]
+    assert call(conn, q + "take", 5) == [[2, "t", "a-high"]]
+
+
+def test_limfifottl_holds_at_most_its_capacity(connect):
+    import threading
+
+    conn, other = connect(), connect()
+    tube = new_tube(conn, "limfifottl", {"capacity": 2})
+    q = f"queue.tube.{tube}:"
+    assert call(conn, q + "put", "a") == [[0, "r", "a"]]
+    assert call(conn, q + "take") == [[0, "t", "a"]]
+    assert call(conn, q + "put", "b") == [[1, "r", "b"]]
+    assert call(conn, q + "put", "c") == [None]  # full: no timeout, no task
+    assert call(conn, q + "put", "c", {"timeout": 0.2}) == [None]
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(call(other, q + "put", "d", {"timeout": 10})))
+    waiting.start()
+    time.sleep(0.3)
+    assert got == []
+    assert call(conn, q + "ack", 0) == [[0, "-", "a"]]
+    waiting.join(10)
+    assert got == [[[2, "r", "d"]]]
+    assert call(conn, q + "touch", 1, 10) == ("error", 32, "Task was not taken")
+    assert call(conn, "queue.statistics", tube)[0]["tasks"]["total"] == 2
