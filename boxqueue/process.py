@@ -338,7 +338,7 @@ class Server:
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             queue_procedures.standby = role == FOLLOWER
-            queue_module.register(procedures, engine, queue_procedures)
+            modern_queue = queue_module.register(procedures, engine, queue_procedures)
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
@@ -352,6 +352,7 @@ class Server:
                 await root.start(committer.run)
                 await root.start(stats.run)
                 await root.start(lua.run)
+                root.start_soon(modern_queue.run)
                 if role == FOLLOWER:
                     root.start_soon(self._follow, storage, committer, catalog)
                 else:

@@ -22,16 +22,22 @@ engine's tube record. What this layer adds:
 Types: ``fifo``, ``fifottl``, ``limfifottl`` (``capacity``; a put into a full tube waits up to its
 ``timeout``), ``utube`` and ``utubettl`` (a task's ``utube`` names its sub-queue, which gives one
 task at a time: the engine's tubes of sub-queues, :meth:`tubes.tube.Tube.subqueues_busy`).
-Not yet: ``queue.identify`` and sessions kept across a reconnect (a disconnect releases the
-session's takes, as the module does with ``queue.cfg{ttr = 0}``, its default), ``grant``, the
-utube types' ``storage_mode`` (accepted, one order either way), and the module from Lua (console,
-EVAL). ``temporary`` is accepted and stored; the tube is durable all the same.
+Sessions (:class:`QueueSession`): a connection takes as its queue session; ``queue.identify(uuid)``
+makes another connection one of that session's; a session left without a connection keeps its
+takes ``queue.cfg{ttr = ...}`` seconds (default 0: released at once). A restart releases every
+take (the engine's rule for a session's takes, D10), as the module does with ttr 0.
+
+Not yet: ``grant``, the utube types' ``storage_mode`` (accepted, one order either way), and the
+module from Lua (console, EVAL). ``temporary`` is accepted and stored; the tube is durable all
+the same.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import uuid
 from typing import Any
 
 import trio
@@ -66,6 +72,22 @@ METHODS = {
     "kick": True, "delete": True, "drop": True, "truncate": True, "release_all": True,
 }
 PREFIX = "queue.tube."
+SESSION_IDS = 1 << 48  # queue sessions take as consumers numbered from here, apart from connections
+SESSION_SWEEP_S = 1.0  # how often expired sessions are looked for (the module's expiration fiber's pace)
+
+
+class QueueSession:
+    """The module's queue session: the consumer its connections take as, named by a UUID that a
+    new connection gives to ``queue.identify`` to become one of them. Once it has no connection
+    left it lasts ``queue.cfg{ttr = ...}`` seconds, its takes held, then they are released."""
+
+    __slots__ = ("id", "uuid", "connections", "expires")
+
+    def __init__(self, id: int, uuid_bytes: bytes) -> None:
+        self.id = id
+        self.uuid = uuid_bytes
+        self.connections: set[int] = set()
+        self.expires: float | None = None  # trio time, while it has no connection
 
 
 class ModuleTube:
@@ -134,6 +156,10 @@ class QueueModule:
         self._tubes: dict[str, ModuleTube] = {}
         self._entries: dict[str, ProcedureEntry] = {}
         self.config: dict[str, Any] = {"in_replicaset": False}
+        self._session_ids = itertools.count(SESSION_IDS)
+        self._sessions: dict[bytes, QueueSession] = {}  # by UUID
+        self._of_connection: dict[int, QueueSession] = {}
+        self._bound: set[int] = set()  # connections whose disconnect is watched
 
     def register(self, procedures: Procedures) -> None:
         procedures.register("queue.create_tube", self.create_tube, writes=True)
@@ -141,7 +167,85 @@ class QueueModule:
         procedures.register("queue.stats", self.statistics)
         procedures.register("queue.state", self.state)
         procedures.register("queue.cfg", self.cfg)
+        procedures.register("queue.identify", self.identify, writes=True)
         procedures.add_resolver(self._resolve)
+
+    async def run(self) -> None:
+        """Releases the takes of sessions left without a connection past their ttr."""
+        while True:
+            await trio.sleep(SESSION_SWEEP_S)
+            now = trio.current_time()
+            for session in [s for s in self._sessions.values() if s.expires is not None and s.expires <= now]:
+                await self._end(session)
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def _session(self, ctx: CallContext) -> QueueSession:
+        """The caller's queue session, made at its first need (as the module's identify does)."""
+        session = self._of_connection.get(ctx.session_id)
+        if session is None:
+            session = QueueSession(next(self._session_ids), uuid.uuid4().bytes)
+            self._sessions[session.uuid] = session
+            self._join(ctx, session)
+        return session
+
+    def _join(self, ctx: CallContext, session: QueueSession) -> None:
+        conn = ctx.session_id
+        self._of_connection[conn] = session
+        session.connections.add(conn)
+        session.expires = None
+        if conn not in self._bound:
+            self._bound.add(conn)
+
+            async def disconnected() -> None:
+                self._bound.discard(conn)
+                await self._leave(conn)
+
+            ctx.on_disconnect(disconnected)
+
+    async def _leave(self, conn: int) -> None:
+        """A connection leaves its session; the last one to leave ends it now (ttr 0) or
+        leaves it to expire."""
+        session = self._of_connection.pop(conn, None)
+        if session is None:
+            return
+        session.connections.discard(conn)
+        if session.connections:
+            return
+        ttr = self.config.get("ttr") or 0
+        if ttr > 0:
+            session.expires = trio.current_time() + ttr
+        else:
+            await self._end(session)
+
+    async def _end(self, session: QueueSession) -> None:
+        if self._sessions.get(session.uuid) is session:
+            del self._sessions[session.uuid]
+        await self.engine.release_consumer(session.id)
+
+    def identify(self, ctx: CallContext, session_uuid: Any = None) -> list[Any]:
+        """The caller's session UUID (16 bytes, as a string the way Lua's are); with a UUID,
+        the caller joins that session, which must exist."""
+        if session_uuid is None:
+            return [_lua_string(self._session(ctx).uuid)]
+        # (a msgpack string of bytes that are not UTF-8 is decoded with surrogate escapes)
+        raw = session_uuid.encode("utf-8", "surrogateescape") if isinstance(session_uuid, str) else session_uuid
+        if not isinstance(raw, bytes) or len(raw) != 16:
+            raise proc_error("Invalid UUID format.")
+        session = self._sessions.get(raw)
+        if session is None:
+            # (Tarantool's binary UUIDs hold their first three fields little-endian)
+            raise proc_error(f"The UUID {uuid.UUID(bytes_le=raw)} is unknown.")
+        current = self._of_connection.get(ctx.session_id)
+        if current is not session:
+            if current is not None:
+                current.connections.discard(ctx.session_id)
+                if not current.connections:
+                    ttr = self.config.get("ttr") or 0
+                    current.expires = trio.current_time() + ttr  # swept at once when ttr is 0
+            self._join(ctx, session)
+        session.expires = None
+        return [_lua_string(session.uuid)]
 
     # -- tubes -----------------------------------------------------------------------------------
 
@@ -245,7 +349,8 @@ class QueueModule:
         key = self._key(task_id, 1)
         tube = self.engine.existing_tube(mt.space_id, mt.name)
         task = None if tube is None else tube.tasks.get(key)
-        if task is None or task.status != TAKEN or task.cid != ctx.session_id:
+        session = self._of_connection.get(ctx.session_id)
+        if task is None or task.status != TAKEN or session is None or task.cid != session.id:
             raise proc_error("Task was not taken")
         return key
 
@@ -386,7 +491,7 @@ class QueueModule:
             if number is None:
                 raise proc_error(f"attempt to compare number with {_lua_type(timeout)}")
             seconds = 0.0 if number < 0 else min(float(number), TAKE_FOREVER)
-        consumer = self.box_queue.consumer(ctx)
+        consumer = self._session(ctx).id
         taking = self.engine.take(mt.space_id, name, consumer, seconds)
 
         def taken(raw: bytes | None) -> list[Any]:
@@ -399,7 +504,7 @@ class QueueModule:
     def _ack(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
         key = self._check_taken(mt, task_id, ctx)
-        return self.engine.ack(mt.space_id, key, ctx.session_id).map(self._freeing(mt, DONE))
+        return self.engine.ack(mt.space_id, key, self._session(ctx).id).map(self._freeing(mt, DONE))
 
     def _release(self, name: str, ctx: CallContext, task_id: Any = None, opts: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
@@ -409,9 +514,9 @@ class QueueModule:
         if delay is not None and delay is not False and delay > 0:
             delay_us = _seconds_us(delay)
             task = self._task(mt, task_id)
-            return self.engine.release(mt.space_id, key, ctx.session_id, delay_us, None,
+            return self.engine.release(mt.space_id, key, self._session(ctx).id, delay_us, None,
                                        ttl_us=task.ttl + delay_us).map(self._freeing(mt))
-        return self.engine.release(mt.space_id, key, ctx.session_id, 0, None).map(self._answered())
+        return self.engine.release(mt.space_id, key, self._session(ctx).id, 0, None).map(self._answered())
 
     def _peek(self, name: str, ctx: CallContext, task_id: Any = None) -> list[Any]:
         mt = self._tube(name)
@@ -481,6 +586,13 @@ class QueueModule:
         for entry in [n for n in self._entries if n.startswith(f"{PREFIX}{name}:")]:
             del self._entries[entry]
         return [True]
+
+
+def _lua_string(value: bytes) -> Raw:
+    """Bytes sent as a msgpack string, as Tarantool sends a Lua string (whatever its bytes)."""
+    n = len(value)
+    header = bytes([0xA0 | n]) if n < 32 else b"\xd9" + bytes([n])
+    return Raw(header + value)
 
 
 def _unencodable(tube_type: str) -> BoxError:

@@ -432,3 +432,60 @@ def test_limfifottl_holds_at_most_its_capacity(connect):
     assert got == [[[2, "r", "d"]]]
     assert call(conn, q + "touch", 1, 10) == ("error", 32, "Task was not taken")
     assert call(conn, "queue.statistics", tube)[0]["tasks"]["total"] == 2
+
+
+def test_identify_keeps_a_session_s_takes_across_a_reconnect(server, connect):
+    raw = tarantool.connect("127.0.0.1", server.port, encoding=None)  # the UUID comes as a string of 16 bytes
+    try:
+        conn = connect()
+        tube = new_tube(conn, "fifo")
+        q = f"queue.tube.{tube}:"
+        for data in ("a", "b", "c"):
+            call(conn, q + "put", data)
+        assert call(conn, "queue.cfg", {"ttr": 60}) == []
+        first = raw.call("queue.identify").data[0]
+        assert isinstance(first, bytes) and len(first) == 16
+        assert raw.call("queue.identify").data == [first]
+        assert raw.call(q + "take", [0]).data == [[0, b"t", b"a"]]
+        raw.close()
+        # Gone, with ttr 60: the task stays taken, and a connection that identifies with the UUID owns it.
+        time.sleep(0.5)
+        assert call(conn, q + "peek", 0) == [[0, "t", "a"]]
+        raw = tarantool.connect("127.0.0.1", server.port, encoding=None)
+        assert raw.call("queue.identify", [first]).data == [first]
+        assert raw.call(q + "ack", [0]).data == [[0, b"-", b"a"]]
+        # a session's other connections act on its takes too
+        assert raw.call(q + "take", [0]).data == [[1, b"t", b"b"]]
+        second = connect()
+        assert call(second, q + "ack", 1) == ("error", 32, "Task was not taken")
+        raw2 = tarantool.connect("127.0.0.1", server.port, encoding=None)
+        assert raw2.call("queue.identify", [first]).data == [first]
+        assert raw2.call(q + "ack", [1]).data == [[1, b"-", b"b"]]
+        raw2.close()
+        # a connection that never identified keeps its takes for ttr as well
+        third = connect()
+        assert call(third, q + "take", 0) == [[2, "t", "c"]]
+        third.close()
+        time.sleep(0.5)
+        assert call(conn, q + "peek", 2) == [[2, "t", "c"]]
+        # errors
+        assert call(conn, "queue.identify", "short") == ("error", 32, "Invalid UUID format.")
+        unknown = bytes(range(16))
+        try:
+            raw.call("queue.identify", [unknown])
+            raise AssertionError("an unknown UUID was accepted")
+        except tarantool.error.DatabaseError as exc:
+            assert exc.args[0] == 32
+            # (Tarantool reads the first three fields of a binary UUID little-endian)
+            assert re.sub(r"^\S*\.lua:\d+: ", "", exc.args[1].decode()) == \
+                "The UUID 03020100-0504-0706-0809-0a0b0c0d0e0f is unknown."
+        # a short ttr: the takes go back to ready once it has passed
+        assert call(conn, "queue.cfg", {"ttr": 0.5}) == []
+        fourth = connect()
+        call(conn, q + "put", "d")
+        assert call(fourth, q + "take", 0) == [[3, "t", "d"]]
+        fourth.close()
+        wait_for(lambda: call(conn, q + "peek", 3) == [[3, "r", "d"]], "the session's ttr to pass", timeout=10)
+    finally:
+        raw.close()
+        call(connect(), "queue.cfg", {"ttr": 0})
