@@ -491,7 +491,46 @@ for _, fn in ipairs({'put', 'urgent', 'put_unique', 'take', 'ack', 'touch', 'don
     queue[fn] = procedure('box.queue.' .. fn)
 end
 box.queue = queue
-G.queue = queue
+
+-- tarantool/queue's module (tubes/queue_module.py) is the global `queue` and require('queue');
+-- box.queue stays the 1.5 API, whose functions `queue` still reaches where the module has no
+-- function of that name (queue.put, queue.take...).
+local tube_methods = {put = true, take = true, touch = true, ack = true, release = true, peek = true,
+                      bury = true, kick = true, delete = true, drop = true, truncate = true,
+                      release_all = true}
+local tube_mt = {__index = function(self, method)
+    if tube_methods[method] then
+        local name = 'queue.tube.' .. rawget(self, 'name') .. ':' .. method
+        return function(_, ...) return op('call', name, ...) end
+    end
+end}
+local tubes = setmetatable({}, {
+    __index = function(_, name)
+        if type(name) == 'string' and op('call', 'queue._has_tube', name) then
+            return setmetatable({name = name}, tube_mt)
+        end
+    end,
+    __call = function(_, name)
+        if name == nil then return op('call', 'queue._tube_names') end
+        if type(name) ~= 'string' then error('argument #1 should be string or nil', 2) end
+        return op('call', 'queue._has_tube', name)
+    end,
+})
+local modern = setmetatable({
+    tube = tubes,
+    create_tube = function(name, tube_type, opts)
+        op('call', 'queue._create_tube', name, tube_type, opts)
+        return tubes[name]
+    end,
+    statistics = procedure('queue.statistics'),
+    stats = procedure('queue.statistics'),
+    state = procedure('queue.state'),
+    identify = procedure('queue.identify'),
+    cfg = setmetatable({}, {__call = function(_, opts) return op('call', 'queue.cfg', opts) end}),
+    _VERSION = '1.5.0',
+}, {__index = queue})
+G.queue = modern
+modules.queue = modern
 
 box.session = {
     id = procedure('box.session.id'),

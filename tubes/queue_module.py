@@ -163,6 +163,10 @@ class QueueModule:
 
     def register(self, procedures: Procedures) -> None:
         procedures.register("queue.create_tube", self.create_tube, writes=True)
+        # What the module's Lua face (lua_box/box.lua) calls: the tube object is made there.
+        procedures.register("queue._create_tube", self.make_tube, writes=True)
+        procedures.register("queue._has_tube", self.has_tube)
+        procedures.register("queue._tube_names", self.tube_names)
         procedures.register("queue.statistics", self.statistics)  # and box.queue's alias (a space id first)
         procedures.register("queue.stats", self.statistics)
         procedures.register("queue.state", self.state)
@@ -359,12 +363,27 @@ class QueueModule:
     async def create_tube(self, ctx: CallContext, name: Any = None, type: Any = None, opts: Any = None) -> list[Any]:
         """Creates the tube; over CALL the module then fails to encode the tube object it returns
         (it holds functions), and so does this: the tube exists, the caller hears ER_PROC_LUA."""
+        await self.make_tube(ctx, name, type, opts)
+        mt = self.tube_named(name)
+        raise _unencodable(type if mt is None else mt.type)
+
+    def has_tube(self, ctx: CallContext, name: Any = None) -> list[Any]:
+        return [isinstance(name, str) and self.tube_named(name) is not None]
+
+    def tube_names(self, ctx: CallContext) -> list[Any]:
+        return [sorted(
+            t.name for qs in self.engine.owned_spaces(QUEUE_MODULE) for t in self.engine.stored_tubes(qs.id)
+            if self.tube_named(t.name) is not None
+        )]
+
+    async def make_tube(self, ctx: CallContext, name: Any = None, type: Any = None, opts: Any = None) -> list[Any]:
+        """The tube ``name`` of ``type``, created unless ``if_not_exists`` finds it."""
         options = dict(_options(opts, "create_tube"))
         if not isinstance(name, str):
             raise proc_error("bad argument #1 to 'format' (string expected, got " + _lua_type(name) + ")")
         if_not_exists = options.get("if_not_exists") is True
-        if if_not_exists and (known := self.tube_named(name)) is not None:
-            raise _unencodable(known.type)
+        if if_not_exists and self.tube_named(name) is not None:
+            return [True]
         if type not in TYPES:
             raise proc_error(f"Unknown tube type {_lua_tostring(type)}")
         if name in self.engine.catalog.by_name and not if_not_exists:
@@ -383,7 +402,7 @@ class QueueModule:
             record["subqueues"] = True
         queue_space = await self.engine.own_space(name, self.kind)
         await self.engine.create_tube(queue_space.id, name, record, self.kind)
-        raise _unencodable(type)
+        return [True]
 
     def statistics(self, ctx: CallContext, name: Any = None, tube: Any = None) -> list[Any]:
         """The module's statistics of one tube or of all; a space number first is box.queue's."""
@@ -394,9 +413,7 @@ class QueueModule:
             if mt is None:
                 raise proc_error("attempt to index field '?' (a nil value)")
             return [self._stats(mt)]
-        names = sorted(
-            t.name for qs in self.engine.owned_spaces(QUEUE_MODULE) for t in self.engine.stored_tubes(qs.id)
-        )
+        names = self.tube_names(ctx)[0]
         return [{n: self._stats(mt) for n in names if (mt := self.tube_named(n)) is not None}]
 
     def _stats(self, mt: ModuleTube) -> dict[str, Any]:

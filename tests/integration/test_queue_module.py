@@ -489,3 +489,23 @@ def test_identify_keeps_a_session_s_takes_across_a_reconnect(server, connect):
     finally:
         raw.close()
         call(connect(), "queue.cfg", {"ttr": 0})
+
+
+def test_the_module_from_lua(conn):
+    name = f"t{os.getpid()}_{next(_names)}_lua"
+    code = """
+        local q = require('queue')
+        local t = q.create_tube(..., 'fifottl', {ttr = 30})
+        local same = queue.create_tube(..., 'fifottl', {if_not_exists = true})
+        local put = t:put({1, 2}, {pri = 2})
+        local taken = queue.tube[...]:take(0)
+        local acked = t:ack(taken[1])
+        local peeked = pcall(t.peek, t, taken[1])
+        return put, taken, acked, peeked, same.name, q.tube(...), q.tube('no such tube'),
+               q.statistics(...).calls.put, q.state()
+    """
+    assert conn.eval(code, [name]).data == [
+        [0, "r", [1, 2]], [0, "t", [1, 2]], [0, "-", [1, 2]], False, name, True, False, 1, "RUNNING",
+    ]
+    assert conn.eval("return queue.tube[...]:drop()", [name]).data == [True]
+    assert conn.eval("return queue.tube[...]", [name]).data == [None]
