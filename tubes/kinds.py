@@ -39,6 +39,7 @@ class TubeKind:
     default_ttl: int
     default_ttr: int
     stored_tubes: bool = False  # a tube exists on its own (a record in LMDB), until dropped
+    numbered: bool = False  # task ids are 0, 1, 2... per tube (tarantool/queue's), not random
 
     def put_order(self, pri: int, urgent_ipri: int | None) -> tuple[float, float]:
         """(ipri, pri) of a task put by box.queue (``urgent_ipri``: box.queue's urgent lane)."""
@@ -72,7 +73,7 @@ class TubeKind:
 # tarantool/queue: a tube's ttl and ttr default to 100 years (its MAX_TIMEOUT); each tube's own
 # defaults (create_tube's options) are applied by tubes/queue_module.py.
 QUEUE_MODULE_KIND = TubeKind(QUEUE_MODULE, default_ttl=365 * 86400 * 100 * 1_000_000,
-                             default_ttr=365 * 86400 * 100 * 1_000_000, stored_tubes=True)
+                             default_ttr=365 * 86400 * 100 * 1_000_000, stored_tubes=True, numbered=True)
 
 
 def back_score() -> float:

@@ -64,8 +64,10 @@ class Producers(EngineBase):
             status, event = READY, created + life
         if queue_space.layout is TUBE_LAYOUT and attrs is None:
             attrs = {}
+        if task_id is None:
+            task_id = tube.next_number() if kind.numbered else self.new_id()
         return Task(
-            self.new_id() if task_id is None else task_id, tube.name, status, event, ipri, pri, 0, created,
+            task_id, tube.name, status, event, ipri, pri, 0, created,
             life, kind.default_ttr if ttr is None else ttr, 0, 0, attrs,
         )
 

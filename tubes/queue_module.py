@@ -8,9 +8,9 @@ the tube layout of :mod:`tubes.task`, so box.queue, Deckard and Zaqar reach its 
 other tube's. What the module keeps in its ``_queue`` space (the tube's type and defaults) is the
 engine's tube record. What this layer adds:
 
-* the module's task: ``[id, status letter, data]``, ids integers (stored as their decimal text,
-  the engine's ids being strings), each one more than the tube's highest live id, as the module
-  takes ``max(task_id) + 1``;
+* the module's task: ``[id, status letter, data]``, ids integers: the engine numbers the tasks
+  of the module's tubes whichever API puts them (:meth:`tubes.tube.Tube.next_number`, stored as
+  decimal text since the engine's ids are strings);
 * its status letters (``r t - ! ~``), priorities (smaller first, as given), defaults (ttl and ttr
   of 100 years, ttr defaulting to ttl, ``delay`` adding to ttl) and, per type, which options count
   (``fifo`` has no ttl, ttr or pri);
@@ -93,7 +93,7 @@ class QueueSession:
 class ModuleTube:
     """What the module keeps of a tube in ``_queue``: its type and its defaults (seconds)."""
 
-    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "capacity", "last_id")
+    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "capacity")
 
     def __init__(self, name: str, space_id: int, options: dict[str, Any]) -> None:
         self.name = name
@@ -103,7 +103,6 @@ class ModuleTube:
         self.ttr = options.get("ttr")
         self.pri = options.get("pri")
         self.capacity = options.get("capacity", 0)  # limfifottl: most tasks held; 0: no limit
-        self.last_id: int | None = None  # the highest id handed out, while it may be live
 
 
 def _lua_or(value: Any, default: Any) -> Any:
@@ -288,27 +287,20 @@ class QueueModule:
             raise BoxError(ER.NO_SUCH_PROC, f"queue.tube.{name}")
         return tube
 
-    def _next_id(self, mt: ModuleTube) -> int:
-        """One more than the highest live id (what the module's ``max(task_id) + 1`` gives), also
-        counting ids handed to puts not yet durable."""
-        tube = self.engine.existing_tube(mt.space_id, mt.name)
-        last = mt.last_id
-        if last is None or (tube is not None and not tube.pending and str(last) not in tube.tasks):
-            ids = [int(k) for k in tube.tasks] if tube is not None else []
-            last = max(ids, default=-1)
-        mt.last_id = last + 1
-        return last + 1
-
     # -- answers ---------------------------------------------------------------------------------
 
     @staticmethod
     def _answer(raw: bytes, status: str | None = None) -> Raw:
-        """The module's task ``[id, status, data]`` from a stored task tuple."""
+        """The module's task ``[id, status, data]`` from a stored task tuple: its first data
+        field (a task put by box.queue may have several, or none)."""
         data_at = TUBE_LAYOUT.data_at
-        _count, offsets = msgpack_scan.fields_at(raw, data_at)
-        task_id = int(unpack(raw[offsets[0]:offsets[1]]))
+        count, offsets = msgpack_scan.fields_at(raw, data_at + 1)
+        task_id = unpack(raw[offsets[0]:offsets[1]])
+        if task_id.isascii() and task_id.isdigit():
+            task_id = int(task_id)  # (a task another API put with an id of its own keeps it)
         letter = pack(STATUS[status]) if status is not None else _PACKED_STATUS[raw[offsets[2]:offsets[3]]]
-        return Raw(array_header(3) + pack(task_id) + letter + raw[offsets[data_at]:])
+        data = raw[offsets[data_at]:offsets[data_at + 1]] if count > data_at else b"\xc0"
+        return Raw(array_header(3) + pack(task_id) + letter + data)
 
     def _answered(self, status: str | None = None) -> Any:
         def answered(raw: bytes) -> list[Any]:
@@ -493,10 +485,9 @@ class QueueModule:
         if mt.type in SUBQUEUES:  # msgpack's nil is box.NULL to the module: tostring gives "NULL"
             attrs = {"utube": "NULL" if "utube" in options and options["utube"] is None
                      else _lua_tostring(options.get("utube"))}
-        task_id = self._next_id(mt)
         return self.engine.put(
             mt.space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=pri, data=[data], counter="put",
-            kind=self.kind, task_id=str(task_id), attrs=attrs,
+            kind=self.kind, attrs=attrs,
         ).map(self._answered())
 
     def _take(self, name: str, ctx: CallContext, timeout: Any = None) -> Any:

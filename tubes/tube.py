@@ -109,6 +109,7 @@ class Tube:
         # most one task of each sub-queue (a task's ``attrs["utube"]``) at a time: how many
         # taken tasks each sub-queue has, counted from the first take on (None before).
         self.busy: dict[str, int] | None = None
+        self.last_number: int | None = None  # numbered tasks: the highest number handed out
 
     # -- structures ------------------------------------------------------------------------
 
@@ -151,6 +152,16 @@ class Tube:
                 self.busy[sub] = left
             else:
                 del self.busy[sub]
+
+    def next_number(self) -> str:
+        """The id of a new task of a tube whose tasks are numbered (tarantool/queue's): one more
+        than the highest number it holds, counting those handed to puts not durable yet (the
+        module takes ``max(task_id) + 1``, so the highest id is given again once it is gone)."""
+        last = self.last_number
+        if last is None or (not self.pending and str(last) not in self.tasks):
+            last = max((int(k) for k in self.tasks if k.isascii() and k.isdigit()), default=-1)
+        self.last_number = last + 1
+        return str(last + 1)
 
     def subqueues_busy(self) -> dict[str, int] | None:
         """The taken tasks per sub-queue of a tube of sub-queues (None for other tubes), counted

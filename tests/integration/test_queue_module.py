@@ -509,3 +509,21 @@ def test_the_module_from_lua(conn):
     ]
     assert conn.eval("return queue.tube[...]:drop()", [name]).data == [True]
     assert conn.eval("return queue.tube[...]", [name]).data == [None]
+
+
+@pytest.mark.skipif(TARGET != "ours", reason="boxqueue's own: one engine behind every API")
+def test_a_module_tube_is_a_tube_of_the_one_engine(conn):
+    tube = new_tube(conn, "fifo")
+    q = f"queue.tube.{tube}:"
+    space_id = conn.eval("return box.space[...].id", [tube]).data[0]
+    assert call(conn, q + "put", "from the module") == [[0, "r", "from the module"]]
+    taken = call(conn, "box.queue.take", space_id, tube, 0)[0]
+    assert (taken[0], taken[1], taken[2], taken[3:]) == ("0", tube, "taken", ["from the module"])
+    assert call(conn, "box.queue.ack", space_id, "0")[0][0] == "0"
+    put = call(conn, "box.queue.put", space_id, tube, 0, 0, 0, 0, "from", "box.queue")[0]
+    assert put[0] == "0"  # the module's tubes number their tasks whichever API puts them
+    assert call(conn, q + "take", 0) == [[0, "t", "from"]]  # (the module's task holds one data field)
+    assert call(conn, q + "ack", 0) == [[0, "-", "from"]]
+    stats = call(conn, "queue.statistics", tube)[0]
+    assert (stats["calls"]["put"], stats["calls"]["ack"], stats["tasks"]["total"]) == (2, 2, 0)
+    call(conn, q + "drop")
