@@ -2,7 +2,8 @@
 """box.queue put -> take -> ack cycle over iproto, end to end, and the same cycle on a real
 Tarantool running tarantool/queue (``--target tarantool|both --queue-module DIR``: a ``fifottl``
 tube ``t`` called as ``queue.tube.t:put/take/ack``; the module is loaded from DIR with
-``package.path``).
+``package.path``). ``--api module`` calls boxqueue the module's way too (the target
+``ours-module``: the same tube, the same calls), ``--api both`` runs both APIs on boxqueue.
 
 ``--producers`` connections keep ``--producer-inflight`` CALLs of ``box.queue.put``
 outstanding each.  ``--consumers`` connections keep ``--consumer-inflight`` slots
@@ -87,16 +88,22 @@ def call_body(function: str, args: list[Any]) -> bytes:
     return msgpack.packb({KEY_FUNCTION_NAME: function, KEY_TUPLE: args})
 
 
+def module_api(target: str) -> bool:
+    """Whether the target is called with tarantool/queue's API: Tarantool, or boxqueue serving
+    the same API (``--api module``: the target ``ours-module``)."""
+    return target in ("tarantool", "ours-module")
+
+
 def put_body(payload_size: int, target: str = "ours") -> bytes:
     """box.queue.put(0, tube, delay, ttl, ttr, pri, data): 0 means the default for each;
-    on Tarantool, queue.tube.t:put(data)."""
-    if target == "tarantool":
+    with the module's API, queue.tube.t:put(data)."""
+    if module_api(target):
         return call_body(f"queue.tube.{TARANTOOL_TUBE}:put", ["x" * payload_size])
     return call_body("box.queue.put", [QUEUE_SPACE, TUBE, 0, 0, 0, 0, "x" * payload_size])
 
 
 def take_body(timeout_s: float, target: str = "ours") -> bytes:
-    if target == "tarantool":
+    if module_api(target):
         return call_body(f"queue.tube.{TARANTOOL_TUBE}:take", [timeout_s])
     return call_body("box.queue.take", [QUEUE_SPACE, TUBE, timeout_s])
 
@@ -104,7 +111,7 @@ def take_body(timeout_s: float, target: str = "ours") -> bytes:
 def ack_head(target: str = "ours") -> bytes:
     """The ack's map and argument array up to the id; the id's raw msgpack follows:
     box.queue.ack(0, id), or queue.tube.t:ack(id)."""
-    if target == "tarantool":
+    if module_api(target):
         function, head_args = f"queue.tube.{TARANTOOL_TUBE}:ack", b"\x91"
     else:
         function, head_args = "box.queue.ack", b"\x92" + msgpack.packb(QUEUE_SPACE)
@@ -476,7 +483,7 @@ class SequentialSpec:
 def _sequential_calls(target: str) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]], str, list[Any]]:
     """(put function and arguments before the data, take function and arguments, ack function,
     ack arguments before the id), as an application calls them with the connector."""
-    if target == "tarantool":
+    if module_api(target):
         tube = f"queue.tube.{TARANTOOL_TUBE}"
         return (f"{tube}:put", []), (f"{tube}:take", []), f"{tube}:ack", []
     return ("box.queue.put", [QUEUE_SPACE, TUBE, 0, 0, 0, 0]), ("box.queue.take", [QUEUE_SPACE, TUBE]), \
@@ -812,17 +819,27 @@ class QueueServer(Server):
         return command, env
 
 
+def create_module_tube(port: int) -> None:
+    """The tube ``t`` of type fifottl on boxqueue, as tarantool_queue_init.lua makes it on
+    Tarantool. Over CALL, create_tube answers that its tube object cannot be encoded (as the
+    module does): the tube exists all the same."""
+    with SyncClient(port, timeout=10.0) as client:
+        [(code, body)] = client.batch([(REQ_CALL, call_body("queue.create_tube", [TARANTOOL_TUBE, "fifottl"]))])
+    if code and "unsupported Lua type" not in str(body.get(KEY_ERROR_24)):
+        raise RuntimeError(f"queue.create_tube failed: 0x{code:x} {body.get(KEY_ERROR_24)}")
+
+
 def queue_statistics(port: int, target: str = "ours") -> QueueStats:
     """box.queue.statistics(0, tube) as tasks.* counts (the flat list becomes a dict); on
     Tarantool, queue.statistics('t')."""
     function, args = ("box.queue.statistics", [QUEUE_SPACE, TUBE])
-    if target == "tarantool":
+    if module_api(target):
         function, args = ("queue.statistics", [TARANTOOL_TUBE])
     with SyncClient(port, timeout=10.0) as client:
         [(code, body)] = client.batch([(REQ_CALL, call_body(function, args))])
     if code:
         return QueueStats(error=f"statistics failed: 0x{code:x} {body.get(KEY_ERROR_24)}")
-    if target == "tarantool":
+    if module_api(target):
         data = body.get(KEY_DATA) or [{}]
         tasks = (data[0] or {}).get("tasks", {}) if data and isinstance(data[0], dict) else {}
         return QueueStats(total=tasks.get("total"), ready=tasks.get("ready"), taken=tasks.get("taken"),
@@ -864,7 +881,7 @@ def check_server(m: Measurement, args: argparse.Namespace) -> None:
             f"server holds {total} tasks, clients expect {m.client_backlog_final} "
             f"(allowed {low}..{high})"
         )
-    elif m.server.taken and m.target == "ours":  # tarantool/queue frees them after its session ttr
+    elif m.server.taken and m.target != "tarantool":  # tarantool/queue frees them after its session ttr
         m.server_mismatch = f"{m.server.taken} tasks still taken after every consumer left"
 
 
@@ -963,7 +980,7 @@ def comparisons(results: Sequence[Measurement]) -> list[tuple[str, float, float]
     """(wal, tasks/s ratio, server CPU per task ratio) of ours against Tarantool."""
     out = []
     for m in results:
-        if m.target != "ours":
+        if m.target == "tarantool":
             continue
         for t in results:
             if t.target == "tarantool" and t.wal == m.wal and t.tasks_per_s and t.server_cpu_us_per_task:
@@ -1014,6 +1031,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--target", choices=TARGETS, default="ours",
         help="boxqueue, Tarantool with tarantool/queue (needs --queue-module), or both, one after the other",
+    )
+    parser.add_argument(
+        "--api", choices=("box.queue", "module", "both"), default="box.queue",
+        help="the API boxqueue is called with: box.queue (1.5), tarantool/queue's (the tube t, fifottl, "
+             "as on Tarantool: target ours-module), or both, one after the other",
     )
     parser.add_argument(
         "--queue-module", type=Path,
@@ -1074,7 +1096,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
 
-    targets = ["ours", "tarantool"] if args.target == "both" else [args.target]
+    ours = {"box.queue": ["ours"], "module": ["ours-module"], "both": ["ours", "ours-module"]}[args.api]
+    targets = {"ours": ours, "tarantool": ["tarantool"], "both": [*ours, "tarantool"]}[args.target]
     if "tarantool" in targets and (args.queue_module is None or not (args.queue_module / "queue" / "init.lua").exists()):
         print("--target tarantool needs --queue-module DIR with DIR/queue/init.lua", file=sys.stderr)
         return 2
@@ -1085,6 +1108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[{target} wal={wal}] starting server", flush=True)
             try:
                 with QueueServer(target, wal, args) as server:
+                    if target == "ours-module":
+                        create_module_tube(server.port)
                     pid = server.proc.pid if server.proc else None
                     m = (measure_sequential if args.sequential else measure)(server.port, wal, args, pid, target)
                     if server.proc is not None and server.proc.poll() is not None:
