@@ -45,3 +45,9 @@ def test_node_connector(server):
     assert out["auth_user"] == {"ok": [["alice"]]}
     if TARGET == "ours":
         assert out["unknown_space"]["error"] == "Cannot read a space name or space is not defined"
+        # tarantool/queue's API (the reference Tarantool of this suite runs without the module)
+        assert out["queue_create"] == {"ok": []}
+        assert out["queue_put"] == {"ok": [[0, "r", "from node"]]}
+        assert out["queue_take"] == {"ok": [[0, "t", "from node"]]}
+        assert out["queue_ack"] == {"ok": [[0, "-", "from node"]]}
+        assert out["queue_drop"] == {"ok": [[True]]}

@@ -527,3 +527,19 @@ def test_a_module_tube_is_a_tube_of_the_one_engine(conn):
     stats = call(conn, "queue.statistics", tube)[0]
     assert (stats["calls"]["put"], stats["calls"]["ack"], stats["tasks"]["total"]) == (2, 2, 0)
     call(conn, q + "drop")
+
+
+def test_a_tube_with_a_waiting_consumer_is_not_dropped(connect):
+    import threading
+
+    conn, consumer = connect(), connect()
+    tube = new_tube(conn, "fifottl")
+    q = f"queue.tube.{tube}:"
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(call(consumer, q + "take", 1)))
+    waiting.start()
+    time.sleep(0.3)
+    assert call(conn, q + "drop") == ("error", 32, "There are consumers connected the tube")
+    waiting.join(10)
+    assert got == [[]]
+    assert call(conn, q + "drop") == [True]

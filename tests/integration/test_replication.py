@@ -44,6 +44,12 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
         with pytest.raises(tarantool.DatabaseError) as err:
             f.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "no"])
         assert err.value.args[0] == 7
+        # tarantool/queue's state, as the module reports it on a replica; its writes are refused too
+        assert f.call("queue.state").data == ["WAITING"]
+        assert f.call("queue.cfg", [{"in_replicaset": True}]).data == []
+        with pytest.raises(tarantool.DatabaseError) as err:
+            f.call("queue.create_tube", ["jobs2", "fifo"])
+        assert err.value.args[0] == 7
         info = f.call("box.info").data[0]
         assert info["ro"] is True and info["election"]["state"] == "follower"
         assert info["election"]["leader_name"] == leader
@@ -52,6 +58,9 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
         f.close()
     info = cluster.info(leader)
     assert info["ro"] is False and info["election"]["state"] == "leader"
+    conn = cluster.connect(leader)
+    assert conn.call("queue.state").data == ["RUNNING"]
+    conn.close()
 
 
 def test_kill_9_of_the_leader_a_new_leader_has_every_acknowledged_write_and_the_old_one_rejoins(tmp_path):

@@ -28,6 +28,12 @@ async function main() {
   await step(out, 'delete', () => conn.delete('test', 'primary', [900]));
   await step(out, 'delete_upserted', () => conn.delete('test', 'primary', [901]));
   await step(out, 'unknown_space', () => conn.select('nosuch', 'primary', 1, 0, 'eq', [1]));
+  // tarantool/queue's API, as an application calls it with this connector
+  await step(out, 'queue_create', () => conn.eval("queue.create_tube('node_jobs', 'fifo', {if_not_exists = true})"));
+  await step(out, 'queue_put', () => conn.call('queue.tube.node_jobs:put', 'from node'));
+  await step(out, 'queue_take', () => conn.call('queue.tube.node_jobs:take', 0));
+  await step(out, 'queue_ack', () => conn.call('queue.tube.node_jobs:ack', 0));
+  await step(out, 'queue_drop', () => conn.call('queue.tube.node_jobs:drop'));
   conn.disconnect();
   const auth = new Tarantool({
     host: '127.0.0.1', port, username: 'alice', password: 'secret', lazyConnect: true, retryStrategy: null,
