@@ -338,7 +338,7 @@ class Server:
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             queue_procedures.standby = role == FOLLOWER
-            modern_queue = queue_module.register(procedures, engine, queue_procedures)
+            modern_queue = queue_module.register(procedures, engine, queue_procedures, lua.operations.grant)
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):

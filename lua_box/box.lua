@@ -497,7 +497,7 @@ box.queue = queue
 -- function of that name (queue.put, queue.take...).
 local tube_methods = {put = true, take = true, touch = true, ack = true, release = true, peek = true,
                       bury = true, kick = true, delete = true, drop = true, truncate = true,
-                      release_all = true}
+                      release_all = true, grant = true}
 local tube_mt = {__index = function(self, method)
     if tube_methods[method] then
         local name = 'queue.tube.' .. rawget(self, 'name') .. ':' .. method

@@ -286,6 +286,12 @@ class Operations:
     async def user_grant(self, job: Job, name: Any = None, privileges: Any = None, object_type: Any = None,
                    object_name: Any = None, opts: Any = None) -> list[Any]:
         self._ddl(job)
+        await self.grant(name, privileges, object_type, object_name)
+        return []
+
+    async def grant(self, name: Any, privileges: Any, object_type: Any, object_name: Any) -> None:
+        """box.schema.user.grant's work, kept with the user's record (tarantool/queue's
+        tube:grant gives its privileges through it too)."""
         user = self.catalog.access.users.get(name) if isinstance(name, str) else None
         if user is None:
             raise BoxError(ER.NO_SUCH_USER, name)
@@ -304,7 +310,6 @@ class Operations:
             user.grant(bits, otype, oname)
         else:
             await self.users.grant(user, bits, otype, oname)
-        return []
 
     def user_exists(self, job: Job, name: Any = None) -> list[Any]:
         return [isinstance(name, str) and name in self.catalog.access.users]

@@ -27,7 +27,9 @@ makes another connection one of that session's; a session left without a connect
 takes ``queue.cfg{ttr = ...}`` seconds (default 0: released at once). A restart releases every
 take (the engine's rule for a session's takes, D10), as the module does with ttr 0.
 
-Not yet: ``grant``, the utube types' ``storage_mode`` (accepted, one order either way), and the
+``tube:grant`` gives its privileges through the layer that keeps users (a callback, :data:`Grant`).
+
+Not yet: ``grant_role``, ``on_task_change``, the utube types' ``storage_mode`` (accepted, one order either way), and the
 module from Lua (console, EVAL). ``temporary`` is accepted and stored; the tube is durable all
 the same.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Awaitable, Callable
 import math
 import uuid
 from typing import Any
@@ -69,8 +72,14 @@ TAKE_FOREVER = float(MAX_TIMEOUT)
 # method -> whether it writes (a follower refuses those)
 METHODS = {
     "put": True, "take": True, "touch": True, "ack": True, "release": True, "peek": False, "bury": True,
-    "kick": True, "delete": True, "drop": True, "truncate": True, "release_all": True,
+    "kick": True, "delete": True, "drop": True, "truncate": True, "release_all": True, "grant": True,
 }
+# what tube:grant(user, {call = true}) lets the user call (the module's list)
+CALLED = ("put", "take", "touch", "ack", "release", "peek", "bury", "kick", "delete")
+
+# box.schema.user.grant's work (user, privileges, object type, object name), given by the layer
+# that keeps users (lua_box/operations.py): tube:grant gives its privileges through it.
+Grant = Callable[[str, str, str, str], Awaitable[None]]
 PREFIX = "queue.tube."
 SESSION_IDS = 1 << 48  # queue sessions take as consumers numbered from here, apart from connections
 SESSION_SWEEP_S = 1.0  # how often expired sessions are looked for (the module's expiration fiber's pace)
@@ -148,9 +157,10 @@ def _number_option(opts: dict[str, Any], name: str) -> Any:
 class QueueModule:
     """The procedures, bound to one engine (and to box.queue's, which shares its sessions)."""
 
-    def __init__(self, engine: QueueEngine, box_queue: BoxQueue) -> None:
+    def __init__(self, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None) -> None:
         self.engine = engine
         self.box_queue = box_queue
+        self._give = grant
         self.kind = engine.kind_named(QUEUE_MODULE)
         self._tubes: dict[str, ModuleTube] = {}
         self._entries: dict[str, ProcedureEntry] = {}
@@ -582,6 +592,24 @@ class QueueModule:
         await self.engine.release_taken(mt.space_id, name)
         return []
 
+    async def _grant(self, name: str, ctx: CallContext, user: Any = None, args: Any = None) -> list[Any]:
+        """Read and write on the tube's space; with ``call``, execute on the module's functions
+        and the tube's methods; with ``truncate``, on its truncate (the module's grants)."""
+        mt = self._tube(name)
+        options = _options(args, "grant")
+        if self._give is None:
+            raise BoxError(ER.UNSUPPORTED, "boxqueue", "tube:grant without users")
+        await self._give(user, "read,write", "space", mt.name)
+        functions: list[str] = []
+        if options.get("call"):
+            prefix = options.get("prefix") or "queue.tube"
+            functions += ["queue.identify", "queue.statistics", *(f"{prefix}.{name}:{m}" for m in CALLED)]
+        if options.get("truncate"):
+            functions.append(f"{options.get('prefix') or 'queue.tube'}.{name}:truncate")
+        for function in functions:
+            await self._give(user, "execute", "function", function)
+        return []
+
     async def _drop(self, name: str, ctx: CallContext) -> list[Any]:
         mt = self._tube(name)
         tube = self.engine.existing_tube(mt.space_id, name)
@@ -620,7 +648,7 @@ def _lua_tostring(value: Any) -> str:
     return str(value)
 
 
-def register(procedures: Procedures, engine: QueueEngine, box_queue: BoxQueue) -> QueueModule:
-    module = QueueModule(engine, box_queue)
+def register(procedures: Procedures, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None) -> QueueModule:
+    module = QueueModule(engine, box_queue, grant)
     module.register(procedures)
     return module

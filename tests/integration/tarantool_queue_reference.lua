@@ -6,6 +6,7 @@ package.path = module .. '/?.lua;' .. module .. '/?/init.lua;' .. package.path
 box.cfg{work_dir = dir, log = dir .. '/tarantool.log'}
 box.once('init', function()
   box.schema.user.grant('guest', 'read,write,execute,create,drop,alter', 'universe')
+  box.schema.user.passwd('admin', 'adminpw')
 end)
 queue = require('queue')
 box.cfg{listen = '127.0.0.1:' .. port}

@@ -27,6 +27,10 @@ from tests.serverproc import ServerProcess, free_port, wait_for_greeting
 GUEST = """
 [guest]
 grants = [{ privileges = ["read", "write", "execute"], object_type = "universe" }]
+
+[[users]]
+name = "admin"
+password = "adminpw"
 """
 MODULE = Path(os.environ.get("BOXQUEUE_QUEUE_MODULE", Path(__file__).parents[3] / "shared/anchors/tarantool-queue"))
 _names = itertools.count()
@@ -543,3 +547,27 @@ def test_a_tube_with_a_waiting_consumer_is_not_dropped(connect):
     waiting.join(10)
     assert got == [[]]
     assert call(conn, q + "drop") == [True]
+
+
+def test_grant_lets_a_user_use_the_tube(server, connect):
+    # (the module grants on its own spaces too, which only admin may do: tube:grant runs as admin)
+    conn = tarantool.connect("127.0.0.1", server.port, user="admin", password="adminpw")
+    conn.eval("box.schema.user.create('qworker', {password = 'pw', if_not_exists = true})")
+    tube = new_tube(conn, "fifo")
+    q = f"queue.tube.{tube}:"
+    call(conn, q + "put", "a")
+    worker = tarantool.connect("127.0.0.1", server.port, user="qworker", password="pw")
+    try:
+        denied = call(worker, q + "take", 0)
+        assert denied[:2] == ("error", 42), denied
+        assert call(conn, q + "grant", "qworker", {"call": True}) == []
+        assert call(worker, q + "take", 0) == [[0, "t", "a"]]
+        assert call(worker, q + "ack", 0) == [[0, "-", "a"]]
+        assert call(worker, "queue.statistics", tube)[0]["calls"]["ack"] == 1
+        assert call(worker, q + "truncate")[:2] == ("error", 42)
+        assert call(conn, q + "grant", "qworker", {"truncate": True}) == []
+        assert call(worker, q + "truncate") == []
+    finally:
+        worker.close()
+    call(conn, q + "drop")
+    conn.close()
