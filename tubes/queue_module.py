@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Awaitable, Callable
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
