@@ -36,7 +36,7 @@ from metrics.observed import READY, RECOVERING, STOPPING, Observed
 from spaces import access as acl
 from spaces.catalog import Catalog
 from spaces.definitions import FieldDef
-from spaces.procedures import Procedures
+from spaces.procedures import CallContext, Procedures
 from spaces.space_procedures import space_method_resolver
 from storage.commit import GroupCommitter
 from storage.environment import Storage
@@ -338,7 +338,8 @@ class Server:
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             queue_procedures.standby = role == FOLLOWER
-            modern_queue = queue_module.register(procedures, engine, queue_procedures, lua.operations.grant)
+            modern_queue = queue_module.register(
+                procedures, engine, queue_procedures, lua.operations.grant, self._task_changed_in_lua(lua, catalog))
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
             # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
@@ -396,6 +397,18 @@ class Server:
         finally:
             if node is not None:
                 node.relays = node.applier = node.quorum = None
+
+    @staticmethod
+    def _task_changed_in_lua(lua: LuaEngine, catalog: Catalog) -> queue_module.TaskChanged:
+        """How tarantool/queue's on_task_change callbacks run: a Lua job as admin."""
+        ctx = CallContext(0, catalog.access.users["admin"])
+
+        async def task_changed(tube: str, task: list[Any], what: str) -> None:
+            result = lua.eval(ctx, "return require('queue')._task_changed(...)", [tube, task, what])
+            if not isinstance(result, list):
+                await result
+
+        return task_changed
 
     def _kinds(self) -> dict[str, TubeKind]:
         """The kinds of tubes, with the defaults the configuration gives them."""

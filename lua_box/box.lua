@@ -498,7 +498,16 @@ box.queue = queue
 local tube_methods = {put = true, take = true, touch = true, ack = true, release = true, peek = true,
                       bury = true, kick = true, delete = true, drop = true, truncate = true,
                       release_all = true, grant = true}
+local task_change = {}  -- tube name -> its on_task_change callback (this process's, as the module's)
+local function on_task_change(tube, cb)
+    local name = rawget(tube, 'name')
+    local old = task_change[name]
+    task_change[name] = cb
+    op('call', 'queue._watch', name, cb ~= nil)
+    return old
+end
 local tube_mt = {__index = function(self, method)
+    if method == 'on_task_change' then return on_task_change end
     if tube_methods[method] then
         local name = 'queue.tube.' .. rawget(self, 'name') .. ':' .. method
         return function(_, ...) return op('call', name, ...) end
@@ -519,8 +528,21 @@ local tubes = setmetatable({}, {
 local modern = setmetatable({
     tube = tubes,
     create_tube = function(name, tube_type, opts)
+        local cb = type(opts) == 'table' and opts.on_task_change or nil
+        if cb ~= nil then
+            local copy = {}
+            for k, v in pairs(opts) do if k ~= 'on_task_change' then copy[k] = v end end
+            opts = copy
+        end
         op('call', 'queue._create_tube', name, tube_type, opts)
-        return tubes[name]
+        local tube = tubes[name]
+        if cb ~= nil and tube ~= nil then on_task_change(tube, cb) end
+        return tube
+    end,
+    -- called by tubes/queue_module.py, once a change of a watched tube's task is durable
+    _task_changed = function(name, task, what)
+        local cb = task_change[name]
+        if cb ~= nil then cb(task, what) end
     end,
     statistics = procedure('queue.statistics'),
     stats = procedure('queue.statistics'),

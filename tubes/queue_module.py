@@ -29,7 +29,10 @@ take (the engine's rule for a session's takes, D10), as the module does with ttr
 
 ``tube:grant`` gives its privileges through the layer that keeps users (a callback, :data:`Grant`).
 
-Not yet: ``grant_role``, ``on_task_change``, the utube types' ``storage_mode`` (accepted, one order either way), and the
+``on_task_change`` callbacks are Lua functions kept by the Lua layer; this layer queues each
+durable change of a watched tube and has it run them (:data:`TaskChanged`), in order.
+
+Not yet: ``grant_role``, the utube types' ``storage_mode`` (accepted, one order either way), and the
 module from Lua (console, EVAL). ``temporary`` is accepted and stored; the tube is durable all
 the same.
 """
@@ -38,8 +41,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -80,7 +85,17 @@ CALLED = ("put", "take", "touch", "ack", "release", "peek", "bury", "kick", "del
 # box.schema.user.grant's work (user, privileges, object type, object name), given by the layer
 # that keeps users (lua_box/operations.py): tube:grant gives its privileges through it.
 Grant = Callable[[str, str, str, str], Awaitable[None]]
+# Runs a tube's on_task_change callback (tube name, task, what changed), given by the Lua layer.
+TaskChanged = Callable[[str, list[Any], str], Awaitable[None]]
+MAX_PENDING_CHANGES = 100_000  # changes waiting for their callback; past it the oldest are dropped
+# what a change of status was, as the module names it to on_task_change
+_CHANGES = {
+    (None, READY): "put", (None, DELAYED): "put", (READY, TAKEN): "take", (TAKEN, READY): "release",
+    (DELAYED, READY): "delay", (TAKEN, DELAYED): "release", (READY, BURIED): "bury", (TAKEN, BURIED): "bury",
+    (DELAYED, BURIED): "bury", (BURIED, READY): "kick", (TAKEN, TAKEN): "touch",
+}
 PREFIX = "queue.tube."
+log = logging.getLogger(__name__)
 SESSION_IDS = 1 << 48  # queue sessions take as consumers numbered from here, apart from connections
 SESSION_SWEEP_S = 1.0  # how often expired sessions are looked for (the module's expiration fiber's pace)
 
@@ -125,7 +140,7 @@ def _seconds_us(seconds: Any) -> int:
 
 
 def _options(opts: Any, fn: str) -> dict[str, Any]:
-    if opts is None:
+    if opts is None or opts == []:  # (an empty Lua table arrives as an empty array)
         return {}
     if not isinstance(opts, dict):
         raise proc_error(f"attempt to index local 'opts' (a {_lua_type(opts)} value)")
@@ -157,10 +172,16 @@ def _number_option(opts: dict[str, Any], name: str) -> Any:
 class QueueModule:
     """The procedures, bound to one engine (and to box.queue's, which shares its sessions)."""
 
-    def __init__(self, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None) -> None:
+    def __init__(self, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None,
+                 task_changed: TaskChanged | None = None) -> None:
         self.engine = engine
         self.box_queue = box_queue
         self._give = grant
+        self._task_changed = task_changed
+        self._watched: set[str] = set()  # tubes with an on_task_change callback
+        self._changes: deque[tuple[str, list[Any], str]] = deque(maxlen=MAX_PENDING_CHANGES)
+        self._changes_wakeup = trio.Event()
+        self.changes_dropped = 0
         self.kind = engine.kind_named(QUEUE_MODULE)
         self._tubes: dict[str, ModuleTube] = {}
         self._entries: dict[str, ProcedureEntry] = {}
@@ -176,6 +197,8 @@ class QueueModule:
         procedures.register("queue._create_tube", self.make_tube, writes=True)
         procedures.register("queue._has_tube", self.has_tube)
         procedures.register("queue._tube_names", self.tube_names)
+        procedures.register("queue._watch", self.watch)
+        self.engine.hooks.append(self._changed)
         procedures.register("queue.statistics", self.statistics)  # and box.queue's alias (a space id first)
         procedures.register("queue.stats", self.statistics)
         procedures.register("queue.state", self.state)
@@ -184,12 +207,63 @@ class QueueModule:
         procedures.add_resolver(self._resolve)
 
     async def run(self) -> None:
-        """Releases the takes of sessions left without a connection past their ttr."""
+        """Releases the takes of sessions left without a connection past their ttr, and runs
+        the tubes' on_task_change callbacks."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver_changes)
+            await self._sweep_sessions()
+
+    async def _sweep_sessions(self) -> None:
         while True:
             await trio.sleep(SESSION_SWEEP_S)
             now = trio.current_time()
             for session in [s for s in self._sessions.values() if s.expires is not None and s.expires <= now]:
                 await self._end(session)
+
+    # -- on_task_change --------------------------------------------------------------------------
+
+    def watch(self, ctx: CallContext, name: Any = None, on: Any = True) -> list[Any]:
+        """The Lua layer says the tube has (or no longer has) an on_task_change callback."""
+        if isinstance(name, str):
+            if on:
+                self._watched.add(name)
+            else:
+                self._watched.discard(name)
+        return []
+
+    def _changed(self, space_id: int, tube: str, task_id: str, old: str | None, new: str | None,
+                 raw: bytes | None) -> None:
+        """The engine's hook: a durable change of a watched tube's task, queued for its callback
+        (the module calls it within the change; here it runs once the change is durable)."""
+        if tube not in self._watched or self._task_changed is None:
+            return
+        mt = self.tube_named(tube)
+        if mt is None or mt.space_id != space_id:
+            return
+        if raw is not None:
+            fields = unpack(self._answer(raw))
+        else:  # a deleted task: the hook does not carry its data
+            fields = [int(task_id) if task_id.isascii() and task_id.isdigit() else task_id, STATUS[DONE], None]
+        what = "delete" if new is None else _CHANGES.get((old, new), "change")
+        if len(self._changes) == self._changes.maxlen:
+            self.changes_dropped += 1
+            log.warning("on_task_change: %d changes wait for their callbacks; the oldest is dropped",
+                        len(self._changes))
+        self._changes.append((tube, fields, what))
+        self._changes_wakeup.set()
+
+    async def _deliver_changes(self) -> None:
+        while True:
+            await self._changes_wakeup.wait()
+            self._changes_wakeup = trio.Event()
+            while self._changes:
+                tube, task, what = self._changes.popleft()
+                if self._task_changed is None or tube not in self._watched:
+                    continue
+                try:
+                    await self._task_changed(tube, task, what)
+                except Exception as exc:
+                    log.warning("on_task_change of tube %r failed: %s", tube, exc)
 
     # -- sessions --------------------------------------------------------------------------------
 
@@ -648,7 +722,8 @@ def _lua_tostring(value: Any) -> str:
     return str(value)
 
 
-def register(procedures: Procedures, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None) -> QueueModule:
-    module = QueueModule(engine, box_queue, grant)
+def register(procedures: Procedures, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None,
+             task_changed: TaskChanged | None = None) -> QueueModule:
+    module = QueueModule(engine, box_queue, grant, task_changed)
     module.register(procedures)
     return module

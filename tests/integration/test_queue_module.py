@@ -571,3 +571,29 @@ def test_grant_lets_a_user_use_the_tube(server, connect):
         worker.close()
     call(conn, q + "drop")
     conn.close()
+
+
+def test_on_task_change_calls_a_lua_function(conn):
+    name = f"t{os.getpid()}_{next(_names)}_otc"
+    conn.eval("""
+        local name = ...
+        otc_seen = {}
+        queue.create_tube(name, 'fifo', {on_task_change = function(task, what)
+            table.insert(otc_seen, {task[1], task[2], what})
+        end})
+    """, [name])
+    q = f"queue.tube.{name}:"
+    call(conn, q + "put", "a")
+    call(conn, q + "take", 0)
+    call(conn, q + "release", 0)
+    call(conn, q + "take", 0)
+    call(conn, q + "ack", 0)
+    expected = [[0, "r", "put"], [0, "t", "take"], [0, "r", "release"], [0, "t", "take"], [0, "-", "delete"]]
+    # (the module calls it within the change; boxqueue once the change is durable)
+    wait_for(lambda: conn.eval("return otc_seen").data[0] == expected, "the callbacks")
+    previous = conn.eval("return queue.tube[...]:on_task_change(nil) ~= nil", [name]).data
+    assert previous == [True]
+    call(conn, q + "put", "b")
+    time.sleep(0.3)
+    assert len(conn.eval("return otc_seen").data[0]) == 5
+    call(conn, q + "drop")
