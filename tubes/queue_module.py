@@ -44,7 +44,7 @@ import itertools
 import logging
 import math
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -98,6 +98,7 @@ PREFIX = "queue.tube."
 log = logging.getLogger(__name__)
 SESSION_IDS = 1 << 48  # queue sessions take as consumers numbered from here, apart from connections
 SESSION_SWEEP_S = 1.0  # how often expired sessions are looked for (the module's expiration fiber's pace)
+MAX_KEPT_SESSIONS = 100_000  # sessions kept without a connection; past it the oldest one ends
 
 
 class QueueSession:
@@ -189,6 +190,7 @@ class QueueModule:
         self._session_ids = itertools.count(SESSION_IDS)
         self._sessions: dict[bytes, QueueSession] = {}  # by UUID
         self._of_connection: dict[int, QueueSession] = {}
+        self._kept: OrderedDict[bytes, QueueSession] = OrderedDict()  # without a connection, oldest first
         self._bound: set[int] = set()  # connections whose disconnect is watched
 
     def register(self, procedures: Procedures) -> None:
@@ -217,7 +219,7 @@ class QueueModule:
         while True:
             await trio.sleep(SESSION_SWEEP_S)
             now = trio.current_time()
-            for session in [s for s in self._sessions.values() if s.expires is not None and s.expires <= now]:
+            for session in [s for s in self._kept.values() if s.expires is not None and s.expires <= now]:
                 await self._end(session)
 
     # -- on_task_change --------------------------------------------------------------------------
@@ -281,6 +283,7 @@ class QueueModule:
         self._of_connection[conn] = session
         session.connections.add(conn)
         session.expires = None
+        self._kept.pop(session.uuid, None)
         if conn not in self._bound:
             self._bound.add(conn)
 
@@ -301,11 +304,21 @@ class QueueModule:
             return
         ttr = self.config.get("ttr") or 0
         if ttr > 0:
-            session.expires = trio.current_time() + ttr
+            self._keep(session, ttr)
+            if len(self._kept) > MAX_KEPT_SESSIONS:
+                await self._end(next(iter(self._kept.values())))
         else:
             await self._end(session)
 
+    def _keep(self, session: QueueSession, ttr: float) -> None:
+        """The session has no connection left: it lasts ``ttr`` seconds more (swept at once with
+        0), at most :data:`MAX_KEPT_SESSIONS` of them (a client that connects, identifies and leaves
+        over and over must not grow memory)."""
+        session.expires = trio.current_time() + ttr
+        self._kept[session.uuid] = session
+
     async def _end(self, session: QueueSession) -> None:
+        self._kept.pop(session.uuid, None)
         if self._sessions.get(session.uuid) is session:
             del self._sessions[session.uuid]
         await self.engine.release_consumer(session.id)
@@ -328,8 +341,7 @@ class QueueModule:
             if current is not None:
                 current.connections.discard(ctx.session_id)
                 if not current.connections:
-                    ttr = self.config.get("ttr") or 0
-                    current.expires = trio.current_time() + ttr  # swept at once when ttr is 0
+                    self._keep(current, self.config.get("ttr") or 0)
             self._join(ctx, session)
         session.expires = None
         return [_lua_string(session.uuid)]
@@ -518,7 +530,12 @@ class QueueModule:
             if key == "in_replicaset":
                 if not isinstance(value, bool):
                     raise proc_error(f"Invalid value of in_replicaset: {_lua_tostring(value)}")
-            elif key != "ttr":
+            elif key == "ttr":
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                          or value != value):
+                    # (the module takes anything and fails later, when a session ends)
+                    raise proc_error(f"Invalid value of ttr: {_lua_tostring(value)}")
+            else:
                 raise proc_error(f"Unknown option {_lua_tostring(key)}")
         self.config.update(options)
         return []

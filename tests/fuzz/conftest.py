@@ -112,6 +112,10 @@ class Target:
         self.good = tarantool.Connection("127.0.0.1", self.proc.port)
         self.good.replace("sentinel", SENTINEL_ROW)
         self.good.call("box.queue.put", 0, "sentinel", 0, 3600, 3600, 0, "sentinel task")
+        # tarantool/queue's: the fuzz tests call the tube "fz"; the sentinel tube holds a kept task
+        self.good.eval("queue.create_tube('fz', 'utubettl', {if_not_exists = true})")
+        self.good.eval("queue.create_tube('sentinel_module', 'fifottl', {if_not_exists = true})")
+        self.good.call("queue.tube.sentinel_module:put", "kept")
         with self.zaqar() as z:
             z.put("/v1.1/queues/sentinel")
             z.post("/v1.1/queues/sentinel/messages", json={"messages": [{"ttl": 3600, "body": "kept"}]})
@@ -149,6 +153,7 @@ class Target:
         assert [list(t) for t in self.good.select("sentinel", [1])] == [SENTINEL_ROW]
         tasks = self.good.select("queue", ["sentinel"], index="tube_status")
         assert any(t[-1] == "sentinel task" for t in tasks)
+        assert self.good.call("queue.tube.sentinel_module:peek", 0).data == [[0, "r", "kept"]]
         with self.zaqar() as z:
             listed = z.get("/v1.1/queues/sentinel/messages", params={"echo": "true"})
             assert listed.status_code == 200 and [m["body"] for m in listed.json()["messages"]][:1] == ["kept"]

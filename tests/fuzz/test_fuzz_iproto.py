@@ -16,7 +16,12 @@ REQUEST_TYPES = [0x40, 0x49, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x0
 BODY_KEYS = [0x10, 0x11, 0x12, 0x13, 0x14, 0x20, 0x21, 0x22, 0x23, 0x27, 0x28, 0x5E, 0x5F, 0x54, 0x55]
 NAMES = ["box.queue.put", "box.queue.take", "box.queue.ack", "box.queue.statistics", "box.queue.peek",
          "box.session.id", "box.info", "box.space.kv:select", "box.space.kv:replace", "box.space.kv:update",
-         "box.space.queue:replace", "box.space.deckard:delete", "queue.meta", "nosuch", "box.space._space:select"]
+         "box.space.queue:replace", "box.space.deckard:delete", "queue.meta", "nosuch", "box.space._space:select",
+         # tarantool/queue's API, on the tube "fz" (never dropped: the sentinel tube is another)
+         "queue.create_tube", "queue.identify", "queue.cfg", "queue.statistics", "queue.tube.fz:put",
+         "queue.tube.fz:take", "queue.tube.fz:ack", "queue.tube.fz:release", "queue.tube.fz:touch",
+         "queue.tube.fz:bury", "queue.tube.fz:kick", "queue.tube.fz:peek", "queue.tube.fz:delete",
+         "queue.tube.fz:truncate", "queue.tube.fz:release_all", "queue.tube.fz:grant"]
 SPACE_IDS = st.sampled_from([512, 0, 280, 281, 288, 289, 513, 99999]) | st.integers(-(2**63), 2**64 - 1).filter(
     lambda i: i != SENTINEL_SPACE)
 
