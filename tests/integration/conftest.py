@@ -78,14 +78,15 @@ indexes = [
 
 
 class ReferenceTarantool:
-    """A real Tarantool with the same spaces and users, when BOXQUEUE_TEST_TARGET=tarantool."""
+    """A real Tarantool with the same spaces and users, when BOXQUEUE_TEST_TARGET=tarantool (or
+    another setup: ``script`` in this folder, ``env`` added to its environment)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, script: str = "tarantool_reference.lua", env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.workdir = workdir
-        env = dict(os.environ, TT_PORT=str(self.port), TT_DIR=str(workdir))
-        script = Path(__file__).with_name("tarantool_reference.lua")
-        self.proc = subprocess.Popen([shutil.which("tarantool") or "tarantool", str(script)], env=env)
+        environment = dict(os.environ, TT_PORT=str(self.port), TT_DIR=str(workdir), **(env or {}))
+        path = Path(__file__).with_name(script)
+        self.proc = subprocess.Popen([shutil.which("tarantool") or "tarantool", str(path)], env=environment)
         wait_for_greeting(self.port, 30, self.proc)
 
     def stop(self) -> None:

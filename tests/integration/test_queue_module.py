@@ -13,16 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import tarantool
 
-from tests.integration.conftest import TARGET
-from tests.serverproc import ServerProcess, free_port, wait_for_greeting
+from tests.integration.conftest import TARGET, ReferenceTarantool
+from tests.serverproc import ServerProcess
 
 GUEST = """
 [guest]
@@ -36,27 +34,13 @@ MODULE = Path(os.environ.get("BOXQUEUE_QUEUE_MODULE", Path(__file__).parents[3] 
 _names = itertools.count()
 
 
-class ReferenceQueue:
-    """Tarantool 2.6 with the module loaded as ``queue``."""
-
-    def __init__(self, workdir: Path) -> None:
-        if not (MODULE / "queue" / "init.lua").exists():
-            pytest.skip(f"the tarantool/queue module is not in {MODULE} (BOXQUEUE_QUEUE_MODULE)")
-        self.port = free_port()
-        env = dict(os.environ, TT_PORT=str(self.port), TT_DIR=str(workdir), TT_QUEUE_MODULE=str(MODULE))
-        script = Path(__file__).with_name("tarantool_queue_reference.lua")
-        self.proc = subprocess.Popen([shutil.which("tarantool") or "tarantool", str(script)], env=env)
-        wait_for_greeting(self.port, 30, self.proc)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if TARGET == "tarantool":
-        ref = ReferenceQueue(tmp_path_factory.mktemp("tarantool-queue"))
+    if TARGET == "tarantool":  # Tarantool 2.6 with the module loaded as `queue`
+        if not (MODULE / "queue" / "init.lua").exists():
+            pytest.skip(f"the tarantool/queue module is not in {MODULE} (BOXQUEUE_QUEUE_MODULE)")
+        ref = ReferenceTarantool(tmp_path_factory.mktemp("tarantool-queue"), "tarantool_queue_reference.lua",
+                                 {"TT_QUEUE_MODULE": str(MODULE)})
         yield ref
         ref.stop()
         return
