@@ -55,11 +55,13 @@ from spaces import msgpack_scan
 from spaces.later import Later
 from spaces.msgpack_values import Raw, array_header, pack, unpack
 from spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
+from spaces.space import decode_tuple
 from tubes.box_queue import BoxQueue
 from tubes.engine import QueueEngine, proc_error
+from tubes.engine_base import TUBE_RECORDS
 from tubes.kinds import QUEUE_MODULE
 from tubes.numbers import tonumber
-from tubes.task import BURIED, DELAYED, DONE, READY, TAKEN, TUBE_LAYOUT
+from tubes.task import BURIED, DELAYED, DONE, F_STATUS, F_TUBE, READY, TAKEN, TUBE_LAYOUT
 
 VERSION = "1.5.0"
 TYPES = ("fifo", "fifottl", "limfifottl", "utube", "utubettl")
@@ -369,13 +371,47 @@ class QueueModule:
         if not name.startswith(PREFIX):
             return None
         tube_name, _, method = name[len(PREFIX):].rpartition(":")
-        if method not in METHODS or self.tube_named(tube_name) is None:
+        if method not in METHODS:
+            return None
+        if self.box_queue.standby:  # a follower: the module's methods answer nil on a replica
+            if self._stored_options(tube_name) is None:
+                return None
+            return make_entry(name, _waiting, writes=METHODS[method])
+        if self.tube_named(tube_name) is None:
             return None
         entry = self._entries.get(name)
         if entry is None:
             fn = functools.partial(getattr(self, "_" + method), tube_name)
             entry = self._entries[name] = make_entry(name, fn, writes=METHODS[method])
         return entry
+
+    def _stored_options(self, name: str) -> dict[str, Any] | None:
+        """A module tube's record read from LMDB (a follower's engine stands by, its tubes not in
+        memory); None if ``name`` is no module tube."""
+        by_name = self.engine.catalog.by_name
+        records, space = by_name.get(TUBE_RECORDS), by_name.get(name)
+        if records is None or space is None or records.primary is None:
+            return None
+        raw = records.get(0, [space.id, name])
+        options = None if raw is None else decode_tuple(raw)[2]
+        return options if isinstance(options, dict) and options.get("type") in TYPES else None
+
+    def _stored_stats(self, name: str) -> dict[str, Any]:
+        """A follower's statistics of a module tube: its tasks counted in LMDB; the counters of
+        calls belong to the process that served them (the module's are kept in memory too)."""
+        tasks = dict.fromkeys((state for state, _s in TASK_STATES), 0)
+        space = self.engine.catalog.by_name[name]
+        if space.primary is not None:
+            for raw in space.select(0, 0, [], 0, 1 << 62):
+                fields = decode_tuple(raw)
+                if fields[F_TUBE] == name:
+                    for state, status in TASK_STATES:
+                        if fields[F_STATUS] == status:
+                            tasks[state] += 1
+        tasks["total"] = sum(tasks.values())
+        calls = dict.fromkeys(("ack", "bury", "delete", "kick", "put", "release", "take", "touch", "ttl", "ttr",
+                               "delay"), 0)
+        return {"tasks": tasks, "calls": calls}
 
     def _tube(self, name: str) -> ModuleTube:
         tube = self.tube_named(name)
@@ -496,6 +532,13 @@ class QueueModule:
         """The module's statistics of one tube or of all; a space number first is box.queue's."""
         if isinstance(name, (int, float)) and not isinstance(name, bool):
             return self.box_queue.statistics(ctx, name, tube)
+        if self.box_queue.standby:
+            names = [name] if name is not None else self._stored_names()
+            if not all(isinstance(n, str) and self._stored_options(n) is not None for n in names):
+                raise proc_error("attempt to index field '?' (a nil value)")
+            if name is not None:
+                return [self._stored_stats(name)]
+            return [{n: self._stored_stats(n) for n in names}]
         if name is not None:
             mt = self.tube_named(name) if isinstance(name, str) else None
             if mt is None:
@@ -519,6 +562,20 @@ class QueueModule:
         }
         tasks["done"] = calls["ack"] + calls["delete"]
         return {"tasks": tasks, "calls": calls}
+
+    def _stored_names(self) -> list[str]:
+        """The module tubes recorded in LMDB (a follower's)."""
+        records = self.engine.catalog.by_name.get(TUBE_RECORDS)
+        if records is None or records.primary is None:
+            return []
+        spaces = self.engine.catalog.spaces
+        names = []
+        for raw in records.select(0, 0, [], 0, 1 << 62):
+            sid, name, options = decode_tuple(raw)[:3]
+            space = spaces.get(sid)
+            if space is not None and space.name == name and isinstance(options, dict) and options.get("type") in TYPES:
+                names.append(name)
+        return sorted(names)
 
     def state(self, ctx: CallContext) -> list[Any]:
         return ["WAITING" if self.box_queue.standby else "RUNNING"]
@@ -720,6 +777,11 @@ def _lua_string(value: bytes) -> Raw:
     n = len(value)
     header = bytes([0xA0 | n]) if n < 32 else b"\xd9" + bytes([n])
     return Raw(header + value)
+
+
+def _waiting(ctx: CallContext, *args: Any) -> list[Any]:
+    """A tube method on a follower: the module's answer on a replica (its queue is WAITING)."""
+    return [None]
 
 
 def _unencodable(tube_type: str) -> BoxError:

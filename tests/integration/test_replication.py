@@ -24,6 +24,8 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
     for i in range(50):
         conn.replace("kv", [i, f"value {i}"])
     task_id = conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "a task"]).data[0][0]
+    conn.eval("queue.create_tube('modern', 'fifottl')")
+    assert conn.call("queue.tube.modern:put", ["m"]).data == [[0, "r", "m"]]
     conn.close()
     for follower in cluster.followers(leader):
         f = cluster.connect(follower)
@@ -44,8 +46,24 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
         with pytest.raises(tarantool.DatabaseError) as err:
             f.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "no"])
         assert err.value.args[0] == 7
-        # tarantool/queue's state, as the module reports it on a replica; its writes are refused too
+        # tarantool/queue's state, as the module reports it on a replica (its methods answer nil
+        # there, its statistics count the tasks); its writes are refused too
         assert f.call("queue.state").data == ["WAITING"]
+
+        def has_the_task(f=f) -> bool:
+            try:
+                return f.call("queue.statistics", ["modern"]).data[0]["tasks"]["total"] == 1
+            except tarantool.DatabaseError:  # the tube is not there yet
+                return False
+
+        cluster.wait_until(has_the_task, what=f"{follower} has the module tube's task")
+        assert f.call("queue.tube.modern:peek", [0]).data == [None]
+        tasks = f.call("queue.statistics", ["modern"]).data[0]["tasks"]
+        assert (tasks["total"], tasks["ready"]) == (1, 1)
+        assert list(f.call("queue.statistics").data[0]) == ["modern"]
+        with pytest.raises(tarantool.DatabaseError) as err:
+            f.call("queue.tube.modern:put", ["no"])
+        assert err.value.args[0] == 7
         assert f.call("queue.cfg", [{"in_replicaset": True}]).data == []
         with pytest.raises(tarantool.DatabaseError) as err:
             f.call("queue.create_tube", ["jobs2", "fifo"])
