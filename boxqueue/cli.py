@@ -1,13 +1,15 @@
 """``boxqueue serve --config FILE [--data-dir DIR]``, ``boxqueue check-config FILE``,
-``boxqueue --version``."""
+``boxqueue init [DIR]``, ``boxqueue --version``."""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import importlib.metadata
+import importlib.resources
 import logging
 import sys
+from pathlib import Path
 
 import trio
 
@@ -37,7 +39,34 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     check = commands.add_parser("check-config", help="validate a configuration file without starting anything")
     check.add_argument("file", help="TOML config, or a Tarantool 1.5 .cfg")
+    init = commands.add_parser("init", help="write a starter configuration, boxqueue.toml, into DIR")
+    init.add_argument("dir", nargs="?", default=".", help="where to write it (default: here)")
     return parser
+
+
+STARTER = "boxqueue.toml"  # package data: the repository's conf/boxqueue.toml
+
+
+def init(folder: str) -> int:
+    """Write the shipped configuration as ``DIR/boxqueue.toml``, its data directory beside it,
+    for people who install the wheel rather than clone the repository; an existing file stays."""
+    target = Path(folder) / STARTER
+    if target.exists():
+        print(f"boxqueue: {target} exists already; nothing written", file=sys.stderr)
+        return 2
+    text = importlib.resources.files("boxqueue").joinpath(STARTER).read_text()
+    for old, new in (
+        ("boxqueue serve --config conf/boxqueue.toml", f"boxqueue serve --config {target}"),
+        ("`data/` at the top of the repository.", "`data/` beside this file."),
+        ('data_dir = "../data"', 'data_dir = "data"'),
+    ):
+        if old not in text:
+            raise RuntimeError(f"the starter configuration no longer holds {old!r}")
+        text = text.replace(old, new, 1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    print(f"wrote {target}; start with: boxqueue serve --config {target}")
+    return 0
 
 
 def tune_interpreter() -> None:
@@ -68,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
+    if args.command == "init":
+        return init(args.dir)
     stale = stale_extensions(built_here_only=True)
     if stale:  # what would run is not what the sources say
         print("boxqueue: compiled modules are older than their sources (run `make build`, or set "
