@@ -8,8 +8,10 @@ reports the bound port. Each call runs on a pool thread and reaches the engine t
 server (calls in flight get a grace period, with the engine still running), and only then
 closes the calls' nursery.
 
-grpcio's asyncio server was measured too: its loop, in a thread of its own, handed every call to
-trio and back, and cost more CPU per call (README, Deckard).
+An early measurement preferred this server to grpcio's asyncio server in a thread of its own;
+``bench/grpc_servers.py`` (2026-11-27) found the opposite, and this pairing the dearest of the
+candidates: which server Deckard moves to is open (docs/performance.md, "Where the time still
+goes").
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ that returns a coroutine is awaited in a task of the nursery the facade owns.
 The hop costs 90-110 us of CPU per call (``bench/grpc_servers.py``, 2026-11-27: a bare echo on
 the thread-pool server 291-300 us per call, through this hop 397-404 us; on grpcio's asyncio
 server 243-257 us, with a hop to trio 334-344 us; purerpc on trio 326-333 us). Which server
-Deckard moves to is issue 19's open design decision; see the README's "Where the time still goes".
+Deckard moves to is issue 19's open design decision; see docs/performance.md, "Where the time
+still goes".
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Runnable Spark jobs using the boxqueue data source (see the README's pipeline section)."""
+"""Runnable Spark jobs using the boxqueue data source (see docs/spark.md, "Examples")."""

@@ -50,7 +50,7 @@ def open_chromium():  # -> selenium.webdriver.Chrome
 
 def screenshot(driver, path: Path) -> bytes:
     """Save what the browser shows as a PNG at ``path`` (and, with BOXQUEUE_DASHBOARD_PNG set, a
-    copy there: how the README's picture is made); returns the PNG."""
+    copy there: how docs/metrics.md's picture is made); returns the PNG."""
     png = driver.get_screenshot_as_png()
     path.write_bytes(png)
     copy = os.environ.get("BOXQUEUE_DASHBOARD_PNG")

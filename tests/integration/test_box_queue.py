@@ -400,7 +400,7 @@ def test_any_msgpack_value_may_be_the_first_data_field_without_the_unique_index(
 
 
 def test_the_unique_index_asks_for_a_scalar_first_data_field(q, tube):
-    """Space 0's put_unique index holds field 12 as a nullable scalar (README 'box.queue'): an
+    """Space 0's put_unique index holds field 12 as a nullable scalar (docs/box-queue.md): an
     array or a map there is refused with Tarantool's field type error, and nothing is stored."""
     for data in ([1, "two"], {"k": 1}):
         assert q.error("put", 0, tube, 0, 0, 0, 0, data) == (
@@ -598,7 +598,9 @@ def test_dig_unbury_and_kick_wake_a_waiting_consumer(qserver, q, tube, how):
         started = time.perf_counter()
         q(how, 0, tube if how == "kick" else tid)
         assert job.get(6) == [[tid, tube, "taken", "d"]]
-        assert job.finished_at - started < 0.1
+        # woken at once, not at its 5 s timeout (a bound of 0.1 s failed once in a full run on the
+        # busy 2-core machine, at 0.18 s: two commits and their flushes sit between the two)
+        assert job.finished_at - started < 1.0
     finally:
         consumer.close()
 
@@ -615,7 +617,7 @@ def test_kick_wakes_one_waiting_consumer_per_task(qserver, q, tube):
         assert q("kick", 0, tube, 3) == [3]
         results = [job.get(5) for job, _ in waiting]
         assert sorted(r[0][0] for r in results if r) == sorted(ids)
-        assert all(job.finished_at - kicked_at < 0.2 for job, _ in waiting if job.result)
+        assert all(job.finished_at - kicked_at < 1.0 for job, _ in waiting if job.result)  # (timeout: 3 s)
         assert sum(1 for r in results if not r) == 1
     finally:
         for _, consumer in waiting:
