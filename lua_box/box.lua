@@ -541,6 +541,7 @@ local modern = setmetatable({
     end,
     -- called by tubes/queue_module.py, once a change of a watched tube's task is durable
     _task_changed = function(name, task, what)
+        if what == 'dropped' then task_change[name] = nil return end  -- its callback goes with it
         local cb = task_change[name]
         if cb ~= nil then cb(task, what) end
     end,

@@ -182,6 +182,8 @@ class QueueModule:
         self._give = grant
         self._task_changed = task_changed
         self._watched: set[str] = set()  # tubes with an on_task_change callback
+        # tubes being truncated or dropped: the module's truncate and drop tell the callback nothing
+        self._quiet: set[str] = set()
         self._changes: deque[tuple[str, list[Any], str]] = deque(maxlen=MAX_PENDING_CHANGES)
         self._changes_wakeup = trio.Event()
         self.changes_dropped = 0
@@ -239,7 +241,7 @@ class QueueModule:
                  raw: bytes | None) -> None:
         """The engine's hook: a durable change of a watched tube's task, queued for its callback
         (the module calls it within the change; here it runs once the change is durable)."""
-        if tube not in self._watched or self._task_changed is None:
+        if tube not in self._watched or self._task_changed is None or (new is None and tube in self._quiet):
             return
         mt = self.tube_named(tube)
         if mt is None or mt.space_id != space_id:
@@ -262,7 +264,7 @@ class QueueModule:
             self._changes_wakeup = trio.Event()
             while self._changes:
                 tube, task, what = self._changes.popleft()
-                if self._task_changed is None or tube not in self._watched:
+                if self._task_changed is None or (tube not in self._watched and what != "dropped"):
                     continue
                 try:
                     await self._task_changed(tube, task, what)
@@ -732,7 +734,11 @@ class QueueModule:
 
     async def _truncate(self, name: str, ctx: CallContext) -> list[Any]:
         mt = self._tube(name)
-        await self.engine.truncate(mt.space_id, name)
+        self._quiet.add(name)
+        try:
+            await self.engine.truncate(mt.space_id, name)
+        finally:
+            self._quiet.discard(name)
         return []
 
     async def _release_all(self, name: str, ctx: CallContext) -> list[Any]:
@@ -765,8 +771,16 @@ class QueueModule:
             raise proc_error("There are consumers connected the tube")
         if tube is not None and any(t.status == TAKEN for t in tube.tasks.values()):
             raise proc_error("There are taken tasks in the tube")
-        await self.engine.drop_owned_space(mt.space_id)
+        self._quiet.add(name)  # the tasks a drop deletes are not changes the callback hears of
+        try:
+            await self.engine.drop_owned_space(mt.space_id)
+        finally:
+            self._quiet.discard(name)
         self._tubes.pop(name, None)
+        if name in self._watched:  # the Lua layer forgets the tube's callback too
+            self._watched.discard(name)
+            self._changes.append((name, [], "dropped"))
+            self._changes_wakeup.set()
         for entry in [n for n in self._entries if n.startswith(f"{PREFIX}{name}:")]:
             del self._entries[entry]
         return [True]

@@ -580,4 +580,16 @@ def test_on_task_change_calls_a_lua_function(conn):
     call(conn, q + "put", "b")
     time.sleep(0.3)
     assert len(conn.eval("return otc_seen").data[0]) == 5
+    # a dropped tube's callback goes with it: the tube made again under its name has none
+    conn.eval("queue.tube[...]:on_task_change(function() table.insert(otc_seen, 'old') end)", [name])
+    assert call(conn, q + "delete", 0) == [[0, "-", "b"]]
+    call(conn, q + "put", "truncated")
+    call(conn, q + "truncate")
+    call(conn, q + "put", "left")  # (the deletes of a truncate or a drop are not changes it hears of)
+    time.sleep(0.3)
+    call(conn, q + "drop")
+    conn.eval("queue.create_tube(..., 'fifo')", [name])
+    call(conn, q + "put", "c")
+    time.sleep(0.3)
+    assert conn.eval("return #otc_seen").data == [8]  # the delete's and the two puts' calls only
     call(conn, q + "drop")

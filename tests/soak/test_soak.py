@@ -2,7 +2,7 @@
 
 One server with every listener on takes blocks of each API's requests in turn (connection churn,
 pipelined mixes of every iproto request type, ID and AUTH, errors and malformed frames; console
-lines; Zaqar, Sonya over HTTP and WebSocket, Deckard, metrics scrapes). RSS is read after every
+lines; Zaqar, Sonya over HTTP and WebSocket, Deckard, tarantool/queue's API, metrics scrapes). RSS is read after every
 block. After a warm-up the samples must show no growth: the trend (least-squares slope per
 request) and the growth over the measured rounds both stay under their bounds, and a failure
 prints what each API's blocks grew.
@@ -55,6 +55,7 @@ def every_api(server) -> list[traffic.Traffic]:
         traffic.Zaqar(p["zaqar"], cycles=3 * scale),
         traffic.Sonya(p["sonya"], cycles=2 * scale),
         traffic.Deckard(p["deckard"], cycles=4 * scale),
+        traffic.QueueModule(server.port, cycles=5 * scale),
         traffic.Metrics(p["metrics"], scrapes=2 * scale),
     ]
 

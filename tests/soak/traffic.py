@@ -553,6 +553,79 @@ class Deckard(Traffic):
         return done
 
 
+class QueueModule(Traffic):
+    """tarantool/queue's API: a tube of each type made and dropped every block, the verbs on it,
+    its errors, a session's takes kept across a reconnect by ``queue.identify``, an
+    ``on_task_change`` callback from Lua."""
+
+    name = "queue-module"
+    KINDS = ("fifo", "fifottl", "limfifottl", "utubettl")
+
+    def __init__(self, port: int, cycles: int = 10) -> None:
+        self.port = port
+        self.cycles = cycles
+        self.blocks = itertools.count()
+
+    @staticmethod
+    def _refused(conn: tarantool.Connection, name: str, *args: Any) -> int:
+        try:
+            conn.call(name, *args)
+        except tarantool.DatabaseError:
+            return 1
+        raise AssertionError(f"{name}{args} was not refused")
+
+    def block(self) -> int:
+        block = next(self.blocks)
+        done = 0
+        c = tarantool.Connection("127.0.0.1", self.port)
+        c.call("queue.cfg", {"ttr": 30})  # a session without connections keeps its takes 30 s
+        tubes = []
+        for kind in self.KINDS:
+            name = f"qm_{block}_{kind}"
+            done += self._refused(c, "queue.create_tube", name, kind, {"capacity": 100})  # created; not encodable
+            tubes.append(name)
+        c.eval("seen_changes = 0; queue.tube[...]:on_task_change(function() seen_changes = seen_changes + 1 end)",
+               tubes[0])
+        done += 2
+        for name in tubes:
+            q = f"queue.tube.{name}:"
+            for i in range(self.cycles):
+                c.call(q + "put", f"task {i}", {"utube": str(i % 3), "pri": i % 2})
+                [task] = c.call(q + "take", 0).data
+                c.call(q + "ack", task[0])
+                done += 3
+            c.call(q + "put", "b")
+            [task] = c.call(q + "take", 0).data
+            c.call(q + "release", task[0])
+            c.call(q + "bury", task[0])
+            assert c.call(q + "kick", 5).data == [1]
+            c.call(q + "peek", task[0])
+            c.call(q + "delete", task[0])
+            c.call("queue.statistics", name)
+            done += 9
+            done += self._refused(c, q + "peek", 10**6)
+            done += self._refused(c, q + "ack", 10**6)
+            done += self._refused(c, q + "put")
+        # a session's take, kept across a reconnect and acked by the identified connection
+        raw = tarantool.Connection("127.0.0.1", self.port, encoding=None)
+        session = raw.call("queue.identify").data[0]
+        raw.call(f"queue.tube.{tubes[1]}:put", "kept")
+        [task] = raw.call(f"queue.tube.{tubes[1]}:take", 0).data
+        raw.close()
+        again = tarantool.Connection("127.0.0.1", self.port, encoding=None)
+        assert again.call("queue.identify", session).data == [session]
+        again.call(f"queue.tube.{tubes[1]}:ack", task[0])
+        again.close()
+        done += 6
+        for name in tubes:
+            assert c.call(f"queue.tube.{name}:drop").data == [True]
+            done += 1
+        c.call("queue.cfg", {"ttr": 0})
+        done += self._refused(c, "queue.tube.no_such_tube:put", 1)
+        c.close()
+        return done + 2
+
+
 class Metrics(Traffic):
     """Scrapes of /metrics, the dashboard's page, snapshot and one event of its stream."""
 
