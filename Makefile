@@ -34,14 +34,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # Deckard's proto, compiled by the pinned grpcio-tools into the facade's package (not committed:
-# the generated code must match the installed grpcio/protobuf runtimes). The include root stays
-# proto/ so the descriptor is named deckard_service.proto (K1); the gRPC module's top-level
-# import of its message module is made package-relative.
-$(DECKARD_STAMP): proto/deckard_service.proto $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=$(DECKARD_GEN) --pyi_out=$(DECKARD_GEN) \
-		--grpc_python_out=$(DECKARD_GEN) proto/deckard_service.proto
-	sed -i 's/^import deckard_service_pb2 as/from . import deckard_service_pb2 as/' $(DECKARD_GEN)/deckard_service_pb2_grpc.py
-	@grep -q '^from . import deckard_service_pb2 as' $(DECKARD_GEN)/deckard_service_pb2_grpc.py
+# the generated code must match the installed grpcio/protobuf runtimes); setup.py does the same
+# for a wheel built from a clean checkout.
+$(DECKARD_STAMP): proto/deckard_service.proto proto/generate_deckard.py $(STAMP)
+	$(BIN)/python proto/generate_deckard.py
 
 # The Node connector, for its compatibility test; skipped quietly where npm is missing.
 $(NODE_STAMP): $(STAMP)

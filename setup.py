@@ -6,12 +6,10 @@ package). Each is compiled from its own ``.py`` file, in Cython's pure-Python mo
 """
 
 import os
-import re
 import runpy
 import shutil
 import sys
 import sysconfig
-from pathlib import Path
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -24,31 +22,7 @@ if shutil.which(compiler) is None:
     )
 
 
-def generate_deckard_code() -> None:
-    """``proto/deckard_service.proto`` compiled by the pinned grpcio-tools into the facade's
-    package, as ``make install`` does (the code is not committed: it must match the grpcio and
-    protobuf runtimes), when it is missing: a wheel built from a clean checkout carries it."""
-    out = Path("facades/deckard/generated")
-    if (out / "deckard_service_pb2_grpc.py").exists():
-        return
-    import grpc_tools
-    from grpc_tools import protoc
-
-    well_known = Path(grpc_tools.__file__).parent / "_proto"  # google/protobuf/any.proto...
-    args = ["protoc", "-Iproto", f"-I{well_known}", f"--python_out={out}", f"--pyi_out={out}",
-            f"--grpc_python_out={out}", "proto/deckard_service.proto"]
-    if protoc.main(args) != 0:
-        sys.exit("boxqueue: grpc_tools.protoc could not compile proto/deckard_service.proto")
-    stub = out / "deckard_service_pb2_grpc.py"
-    # the gRPC module imports its message module as a top-level name; inside the package it is relative
-    text, count = re.subn(r"^import deckard_service_pb2 as", "from . import deckard_service_pb2 as",
-                          stub.read_text(), flags=re.M)
-    if count != 1:
-        sys.exit(f"boxqueue: unexpected code in {stub}")
-    stub.write_text(text)
-
-
-generate_deckard_code()
+runpy.run_path("proto/generate_deckard.py")["generate"](force=False)  # where a clean checkout lacks it
 modules = runpy.run_path("boxqueue/compiled.py")["COMPILED_MODULES"]
 extensions = [Extension(name, [name.replace(".", "/") + ".py"]) for name in modules]
 

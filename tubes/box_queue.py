@@ -105,9 +105,8 @@ class BoxQueue:
     def _returned_tube(self, raw: bytes) -> list[Any]:
         return [self.reader.rettask(raw, TUBE_LAYOUT.data_at)]
 
-    def consumer(self, ctx: CallContext) -> int:
-        """The caller's session, bound once so its tasks are released when it ends (every API
-        over iproto takes as the session: box.queue's and tarantool/queue's)."""
+    def _consumer(self, ctx: CallContext) -> int:
+        """The caller's session, bound once so its tasks are released when it ends."""
         sid = ctx.session_id
         if sid not in self._bound_sessions:
             self._bound_sessions.add(sid)
@@ -169,7 +168,7 @@ class BoxQueue:
         seconds = TIMEOUT_INFINITY if timeout is None else _number(timeout, "timeout", "take")
         if seconds < 0:
             raise proc_error("Timeout can't be less then 0")
-        consumer = self.consumer(ctx)
+        consumer = self._consumer(ctx)
         taking = self.engine.take(space_id, name, consumer, seconds)
         returned = self._returned(space_id)
 

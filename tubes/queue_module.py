@@ -61,9 +61,8 @@ from tubes.engine import QueueEngine, proc_error
 from tubes.engine_base import TUBE_RECORDS
 from tubes.kinds import QUEUE_MODULE
 from tubes.numbers import tonumber
-from tubes.task import BURIED, DELAYED, DONE, F_STATUS, F_TUBE, READY, TAKEN, TUBE_LAYOUT
+from tubes.task import BURIED, DELAYED, DONE, F_STATUS, F_TUBE, READY, TAKEN, TUBE_LAYOUT, Task
 
-VERSION = "1.5.0"
 TYPES = ("fifo", "fifottl", "limfifottl", "utube", "utubettl")
 TIMED = ("fifottl", "limfifottl", "utubettl")  # the types with ttl, ttr, pri and delays
 SUBQUEUES = ("utube", "utubettl")
@@ -72,6 +71,8 @@ STATUS = {READY: "r", TAKEN: "t", DONE: "-", BURIED: "!", DELAYED: "~"}
 _PACKED_STATUS = {pack(status): pack(letter) for status, letter in STATUS.items()}
 # The module's states, in the order its statistics name them.
 TASK_STATES = (("ready", READY), ("taken", TAKEN), ("done", DONE), ("buried", BURIED), ("delayed", DELAYED))
+# The module's counters of calls, in the order its statistics name them.
+CALL_COUNTERS = ("ack", "bury", "delete", "kick", "put", "release", "take", "touch", "ttl", "ttr", "delay")
 MAX_TIMEOUT = 365 * 86400 * 100  # seconds: the module's "no timeout"
 US = 1_000_000
 TAKE_FOREVER = float(MAX_TIMEOUT)
@@ -96,6 +97,7 @@ _CHANGES = {
     (DELAYED, READY): "delay", (TAKEN, DELAYED): "release", (READY, BURIED): "bury", (TAKEN, BURIED): "bury",
     (DELAYED, BURIED): "bury", (BURIED, READY): "kick", (TAKEN, TAKEN): "touch",
 }
+_ENGINE_COUNTER = {"kick": "dig", "ttl": "ttl.total"}
 PREFIX = "queue.tube."
 log = logging.getLogger(__name__)
 SESSION_IDS = 1 << 48  # queue sessions take as consumers numbered from here, apart from connections
@@ -142,7 +144,7 @@ def _seconds_us(seconds: Any) -> int:
     return 0 if seconds < 0 else int(seconds * US)
 
 
-def _options(opts: Any, fn: str) -> dict[str, Any]:
+def _options(opts: Any) -> dict[str, Any]:
     if opts is None or opts == []:  # (an empty Lua table arrives as an empty array)
         return {}
     if not isinstance(opts, dict):
@@ -186,7 +188,6 @@ class QueueModule:
         self._quiet: set[str] = set()
         self._changes: deque[tuple[str, list[Any], str]] = deque(maxlen=MAX_PENDING_CHANGES)
         self._changes_wakeup = trio.Event()
-        self.changes_dropped = 0
         self.kind = engine.kind_named(QUEUE_MODULE)
         self._tubes: dict[str, ModuleTube] = {}
         self._entries: dict[str, ProcedureEntry] = {}
@@ -204,7 +205,6 @@ class QueueModule:
         procedures.register("queue._has_tube", self.has_tube)
         procedures.register("queue._tube_names", self.tube_names)
         procedures.register("queue._watch", self.watch)
-        self.engine.hooks.append(self._changed)
         procedures.register("queue.statistics", self.statistics)  # and box.queue's alias (a space id first)
         procedures.register("queue.stats", self.statistics)
         procedures.register("queue.state", self.state)
@@ -235,7 +235,17 @@ class QueueModule:
                 self._watched.add(name)
             else:
                 self._watched.discard(name)
+            self._hook_while_watched()
         return []
+
+    def _hook_while_watched(self) -> None:
+        """The engine's change hook is ours only while a tube has a callback: every change of
+        every task pays for each hook."""
+        hooked = self._changed in self.engine.hooks
+        if self._watched and not hooked:
+            self.engine.hooks.append(self._changed)
+        elif not self._watched and hooked:
+            self.engine.hooks.remove(self._changed)
 
     def _changed(self, space_id: int, tube: str, task_id: str, old: str | None, new: str | None,
                  raw: bytes | None) -> None:
@@ -252,7 +262,6 @@ class QueueModule:
             fields = [int(task_id) if task_id.isascii() and task_id.isdigit() else task_id, STATUS[DONE], None]
         what = "delete" if new is None else _CHANGES.get((old, new), "change")
         if len(self._changes) == self._changes.maxlen:
-            self.changes_dropped += 1
             log.warning("on_task_change: %d changes wait for their callbacks; the oldest is dropped",
                         len(self._changes))
         self._changes.append((tube, fields, what))
@@ -264,7 +273,7 @@ class QueueModule:
             self._changes_wakeup = trio.Event()
             while self._changes:
                 tube, task, what = self._changes.popleft()
-                if self._task_changed is None or (tube not in self._watched and what != "dropped"):
+                if tube not in self._watched and what != "dropped":
                     continue
                 try:
                     await self._task_changed(tube, task, what)
@@ -411,9 +420,7 @@ class QueueModule:
                         if fields[F_STATUS] == status:
                             tasks[state] += 1
         tasks["total"] = sum(tasks.values())
-        calls = dict.fromkeys(("ack", "bury", "delete", "kick", "put", "release", "take", "touch", "ttl", "ttr",
-                               "delay"), 0)
-        return {"tasks": tasks, "calls": calls}
+        return {"tasks": tasks, "calls": dict.fromkeys(CALL_COUNTERS, 0)}
 
     def _tube(self, name: str) -> ModuleTube:
         tube = self.tube_named(name)
@@ -466,23 +473,24 @@ class QueueModule:
             return str(int(task_id))
         raise BoxError(ER.KEY_PART_TYPE, part, "unsigned")
 
-    def _task(self, mt: ModuleTube, task_id: Any) -> Any:
-        """The task, else the module's peek error."""
-        key = self._key(task_id, 0)
+    def _stored_task(self, mt: ModuleTube, key: str) -> Task | None:
         tube = self.engine.existing_tube(mt.space_id, mt.name)
-        task = None if tube is None else tube.tasks.get(key)
+        return None if tube is None else tube.tasks.get(key)
+
+    def _task(self, mt: ModuleTube, task_id: Any) -> Task:
+        """The task, else the module's peek error."""
+        task = self._stored_task(mt, self._key(task_id, 0))
         if task is None:
             raise proc_error(f"Task {_lua_tostring(task_id)} not found")
         return task
 
-    def _check_taken(self, mt: ModuleTube, task_id: Any, ctx: CallContext) -> str:
-        key = self._key(task_id, 1)
-        tube = self.engine.existing_tube(mt.space_id, mt.name)
-        task = None if tube is None else tube.tasks.get(key)
+    def _check_taken(self, mt: ModuleTube, task_id: Any, ctx: CallContext) -> Task:
+        """The task, taken by the caller's queue session, else the module's error."""
+        task = self._stored_task(mt, self._key(task_id, 1))
         session = self._of_connection.get(ctx.session_id)
         if task is None or task.status != TAKEN or session is None or task.cid != session.id:
             raise proc_error("Task was not taken")
-        return key
+        return task
 
     # -- queue.* ---------------------------------------------------------------------------------
 
@@ -504,7 +512,7 @@ class QueueModule:
 
     async def make_tube(self, ctx: CallContext, name: Any = None, type: Any = None, opts: Any = None) -> list[Any]:
         """The tube ``name`` of ``type``, created unless ``if_not_exists`` finds it."""
-        options = dict(_options(opts, "create_tube"))
+        options = dict(_options(opts))
         if not isinstance(name, str):
             raise proc_error("bad argument #1 to 'format' (string expected, got " + _lua_type(name) + ")")
         if_not_exists = options.get("if_not_exists") is True
@@ -555,13 +563,10 @@ class QueueModule:
         counts = {} if tube is None else tube.counts
         tasks = {name: counts.get(status, 0) for name, status in TASK_STATES}
         tasks["total"] = sum(tasks.values())
-        ttl = stats.get("ttl.total", 0)
-        calls = {
-            "ack": stats.get("ack", 0), "bury": stats.get("bury", 0), "delete": stats.get("delete", 0) + ttl,
-            "kick": stats.get("dig", 0), "put": stats.get("put", 0), "release": stats.get("release", 0),
-            "take": stats.get("take", 0), "touch": stats.get("touch", 0), "ttl": ttl,
-            "ttr": stats.get("ttr", 0), "delay": stats.get("delay", 0),
-        }
+        # the engine's counters under the module's names: a kick is the engine's dig, and a task
+        # whose ttl ends is a delete too
+        calls = {name: stats.get(_ENGINE_COUNTER.get(name, name), 0) for name in CALL_COUNTERS}
+        calls["delete"] += calls["ttl"]
         tasks["done"] = calls["ack"] + calls["delete"]
         return {"tasks": tasks, "calls": calls}
 
@@ -583,7 +588,7 @@ class QueueModule:
         return ["WAITING" if self.box_queue.standby else "RUNNING"]
 
     def cfg(self, ctx: CallContext, opts: Any = None) -> list[Any]:
-        options = dict(_options(opts, "cfg"))
+        options = dict(_options(opts))
         options.setdefault("in_replicaset", False)
         for key, value in options.items():
             if key == "in_replicaset":
@@ -603,7 +608,7 @@ class QueueModule:
 
     def _put(self, name: str, ctx: CallContext, data: Any = None, opts: Any = None) -> Any:
         mt = self._tube(name)
-        options = _options(opts, "put")
+        options = _options(opts)
         if mt.type == "limfifottl" and mt.capacity and self._held(mt) >= mt.capacity:
             timeout = _number_option(options, "timeout")
             return self._put_when_room(mt, ctx, data, options, _lua_or(timeout, 0))
@@ -671,20 +676,19 @@ class QueueModule:
 
     def _ack(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
-        key = self._check_taken(mt, task_id, ctx)
-        return self.engine.ack(mt.space_id, key, self._session(ctx).id).map(self._freeing(mt, DONE))
+        task = self._check_taken(mt, task_id, ctx)
+        return self.engine.ack(mt.space_id, task.id, task.cid).map(self._freeing(mt, DONE))
 
     def _release(self, name: str, ctx: CallContext, task_id: Any = None, opts: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
-        key = self._check_taken(mt, task_id, ctx)
-        options = _options(opts, "release")
+        task = self._check_taken(mt, task_id, ctx)
+        options = _options(opts)
         delay = _number_option(options, "delay") if mt.type in TIMED else None
         if delay is not None and delay is not False and delay > 0:
             delay_us = _seconds_us(delay)
-            task = self._task(mt, task_id)
-            return self.engine.release(mt.space_id, key, self._session(ctx).id, delay_us, None,
+            return self.engine.release(mt.space_id, task.id, task.cid, delay_us, None,
                                        ttl_us=task.ttl + delay_us).map(self._freeing(mt))
-        return self.engine.release(mt.space_id, key, self._session(ctx).id, 0, None).map(self._answered())
+        return self.engine.release(mt.space_id, task.id, task.cid, 0, None).map(self._answered())
 
     def _peek(self, name: str, ctx: CallContext, task_id: Any = None) -> list[Any]:
         mt = self._tube(name)
@@ -723,7 +727,7 @@ class QueueModule:
             raise proc_error(f"attempt to compare {_lua_type(delta)} with number")
         if number <= 0:
             return []
-        key = self._check_taken(mt, task_id, ctx)
+        key = self._check_taken(mt, task_id, ctx).id
         tube = self.engine.existing_tube(mt.space_id, name)
         if tube is not None:
             tube.count("touch")  # the module's tube counts it before its driver acts
@@ -750,7 +754,7 @@ class QueueModule:
         """Read and write on the tube's space; with ``call``, execute on the module's functions
         and the tube's methods; with ``truncate``, on its truncate (the module's grants)."""
         mt = self._tube(name)
-        options = _options(args, "grant")
+        options = _options(args)
         if self._give is None:
             raise BoxError(ER.UNSUPPORTED, "boxqueue", "tube:grant without users")
         await self._give(user, "read,write", "space", mt.name)
@@ -779,6 +783,7 @@ class QueueModule:
         self._tubes.pop(name, None)
         if name in self._watched:  # the Lua layer forgets the tube's callback too
             self._watched.discard(name)
+            self._hook_while_watched()
             self._changes.append((name, [], "dropped"))
             self._changes_wakeup.set()
         for entry in [n for n in self._entries if n.startswith(f"{PREFIX}{name}:")]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -87,6 +88,16 @@ def new_tube(conn: tarantool.Connection, kind: str, opts: dict | None = None) ->
     held = "userdata" if kind in ("fifottl", "utubettl") else "function"
     assert call(conn, "queue.create_tube", *args) == ("error", 32, f"unsupported Lua type '{held}'")
     return name
+
+
+def call_in_background(conn: tarantool.Connection, name: str, *args):
+    """:func:`call` in a thread of its own, given 0.3 s to reach the server and wait there; join
+    the thread, then read its answer from the list."""
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(call(conn, name, *args)))
+    thread.start()
+    time.sleep(0.3)
+    return thread, got
 
 
 def wait_for(fn, what: str, timeout: float = 10.0):
@@ -282,15 +293,10 @@ def test_release_with_a_delay(conn):
 
 
 def test_a_waiting_take_gets_a_task_put_meanwhile_and_a_disconnect_releases_takes(connect):
-    import threading
-
     conn, consumer = connect(), connect()
     tube = new_tube(conn, "fifo")
     q = f"queue.tube.{tube}:"
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(call(consumer, q + "take", 10)))
-    waiting.start()
-    time.sleep(0.3)
+    waiting, got = call_in_background(consumer, q + "take", 10)
     call(conn, q + "put", "wanted")
     waiting.join(10)
     assert got == [[[0, "t", "wanted"]]]
@@ -343,8 +349,6 @@ def test_a_module_tube_survives_a_restart_and_box_queue_statistics_keep_their_na
 
 @pytest.mark.parametrize("kind", ["utube", "utubettl"])
 def test_a_sub_queue_gives_one_task_at_a_time(connect, kind):
-    import threading
-
     conn, waiter = connect(), connect()
     tube = new_tube(conn, kind)
     q = f"queue.tube.{tube}:"
@@ -364,10 +368,7 @@ def test_a_sub_queue_gives_one_task_at_a_time(connect, kind):
     assert call(conn, q + "take", 0) == [[4, "t", "n2"]]
     assert call(conn, q + "touch", 4, 10) == (
         ("error", 32, "utube queue does not support touch") if kind == "utube" else [[4, "t", "n2"]])
-    got = []
-    taking = threading.Thread(target=lambda: got.append(call(waiter, q + "take", 10)))
-    taking.start()
-    time.sleep(0.3)
+    taking, got = call_in_background(waiter, q + "take", 10)
     assert got == []
     assert call(conn, q + "ack", 0) == [[0, "-", "a1"]]  # A is free: the waiting take gets a2
     taking.join(10)
@@ -400,8 +401,6 @@ def test_utubettl_orders_by_priority_within_the_free_sub_queues(conn):
 
 
 def test_limfifottl_holds_at_most_its_capacity(connect):
-    import threading
-
     conn, other = connect(), connect()
     tube = new_tube(conn, "limfifottl", {"capacity": 2})
     q = f"queue.tube.{tube}:"
@@ -410,10 +409,7 @@ def test_limfifottl_holds_at_most_its_capacity(connect):
     assert call(conn, q + "put", "b") == [[1, "r", "b"]]
     assert call(conn, q + "put", "c") == [None]  # full: no timeout, no task
     assert call(conn, q + "put", "c", {"timeout": 0.2}) == [None]
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(call(other, q + "put", "d", {"timeout": 10})))
-    waiting.start()
-    time.sleep(0.3)
+    waiting, got = call_in_background(other, q + "put", "d", {"timeout": 10})
     assert got == []
     assert call(conn, q + "ack", 0) == [[0, "-", "a"]]
     waiting.join(10)
@@ -518,15 +514,10 @@ def test_a_module_tube_is_a_tube_of_the_one_engine(conn):
 
 
 def test_a_tube_with_a_waiting_consumer_is_not_dropped(connect):
-    import threading
-
     conn, consumer = connect(), connect()
     tube = new_tube(conn, "fifottl")
     q = f"queue.tube.{tube}:"
-    got = []
-    waiting = threading.Thread(target=lambda: got.append(call(consumer, q + "take", 1)))
-    waiting.start()
-    time.sleep(0.3)
+    waiting, got = call_in_background(consumer, q + "take", 1)
     assert call(conn, q + "drop") == ("error", 32, "There are consumers connected the tube")
     waiting.join(10)
     assert got == [[]]
