@@ -8,7 +8,7 @@ ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc run cluster test test-pure fuzz soak lint bench clean
+.PHONY: install build check-cc run cluster test test-pure fuzz soak lint docs bench clean
 
 install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) build
 
@@ -75,6 +75,10 @@ soak: install
 # The same sources uncompiled: they must still import and pass the unit tests.
 test-pure: install
 	BOXQUEUE_PURE=1 $(BIN)/python -m pytest -q tests/unit
+
+# docs/configuration.md's reference, rewritten from the declarations in boxqueue/config_model.py.
+docs: install
+	$(BIN)/python -m boxqueue.config_reference docs/configuration.md
 
 lint: install
 	$(BIN)/ruff check .

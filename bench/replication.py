@@ -69,7 +69,7 @@ from iproto_load import (  # noqa: E402
     replace_body,
 )
 
-from boxqueue.config_types import WalConfig  # noqa: E402
+from boxqueue.config import WalConfig  # noqa: E402
 from tests.integration.queue_fixtures import QUEUE_SPACE_0  # noqa: E402
 from tests.integration.replica_fixtures import CLUSTER_SPACES, Cluster  # noqa: E402
 from tests.serverproc import ServerProcess  # noqa: E402

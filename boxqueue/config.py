@@ -1,35 +1,30 @@
 """The server's configuration: one typed, frozen value, loaded once at start.
 
-The key names are a contract (``specs/config.md``) that other tools write to. ``load_config`` reads
-a TOML file, or a Tarantool 1.5 style ``.cfg`` alone (see ``boxqueue.tarantool_cfg``). Every problem
-is a ``ConfigError`` whose text names the file, the line and the key, for example
+The key names are a contract that other tools write to (``docs/configuration.md``, generated from
+``boxqueue.config_model``, where every key is declared). ``load_config`` reads a TOML file, or a
+Tarantool 1.5 style ``.cfg`` alone (see ``boxqueue.tarantool_cfg``). Every problem is a
+``ConfigError`` whose text names the file, the line and the key, for example
 ``conf/x.toml:7: unknown key 'lisen' in [iproto]``; the CLI prints it and exits with status 2.
 
-This module is the public face; import configuration names from here. The parts live in
-``config_types`` (the dataclasses, constants and errors), ``config_rules`` (checks both readers
-share), ``config_toml_lines`` (where each key is in the TOML text) and ``config_toml_reader``
-(TOML data to ``Config``). This module only picks the format and reads the file.
+This module is the public face; import configuration names from here. It picks the format, has the
+models validate the data, says where in the file each problem is (``tomllib`` gives no positions:
+``config_toml_lines`` finds them) and applies the rules that need the whole file at once: the 1.5
+cfg's spaces and ports, listeners on one port, a replica set's own address.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
 from boxqueue import tarantool_cfg
-from boxqueue.config_rules import (
-    default_index_name,
-    dotted,
-    index_problem,
-    listener_clash,
-    show,
-)
-from boxqueue.config_toml_lines import TomlLines
-from boxqueue.config_toml_reader import TomlReader
-from boxqueue.config_types import (
+from boxqueue.config_model import (
     DEFAULT_DATA_DIR,
     DEFAULT_DECKARD_LISTEN,
     DEFAULT_LISTEN,
@@ -47,12 +42,15 @@ from boxqueue.config_types import (
     Config,
     ConfigError,
     DeckardConfig,
+    DeckardTlsConfig,
     EtcdConfig,
     FieldConfig,
     Grant,
+    GuestConfig,
     IndexConfig,
     IprotoConfig,
     Key,
+    LuaConfig,
     MetricsConfig,
     PartConfig,
     PeerConfig,
@@ -65,9 +63,15 @@ from boxqueue.config_types import (
     ZaqarConfig,
     ZaqarToken,
     absolute_path,
+    default_index_name,
+    dotted,
+    index_problem,
+    listener_clash,
     ordered_spaces,
     read_text,
+    show,
 )
+from boxqueue.config_toml_lines import TomlLines
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -87,12 +91,14 @@ __all__ = [
     "Config",
     "ConfigError",
     "DeckardConfig",
+    "DeckardTlsConfig",
     "EtcdConfig",
     "FieldConfig",
     "Grant",
+    "GuestConfig",
     "IndexConfig",
     "IprotoConfig",
-    "Key",
+    "LuaConfig",
     "MetricsConfig",
     "PartConfig",
     "PeerConfig",
@@ -124,7 +130,8 @@ def load_config(path: str | Path, data_dir_override: str | None = None) -> Confi
     else:
         config = _from_toml_or_cfg(source, text)
     if data_dir_override is not None:
-        config = replace(config, data_dir=absolute_path(Path(data_dir_override)))
+        config = config.model_copy(update={"data_dir": absolute_path(Path(data_dir_override))})
+        config = config.with_source(source)
     return config
 
 
@@ -141,7 +148,7 @@ def _from_toml_or_cfg(source: Path, text: str) -> Config:
             raise (cfg_error if use_cfg else toml_error) from None
     if source.suffix != ".toml" and _looks_like_tarantool_cfg(data):
         return _from_tarantool_cfg(source, text)
-    return TomlReader(str(source), text).config(source, data)
+    return _from_toml(source, text, data)
 
 
 def _toml_syntax_error(file: str, err: tomllib.TOMLDecodeError) -> ConfigError:
@@ -170,20 +177,155 @@ def _looks_like_tarantool_cfg(data: dict[str, Any]) -> bool:
 
 def _from_tarantool_cfg(source: Path, text: str) -> Config:
     legacy = tarantool_cfg.parse_tarantool_cfg(text, str(source))
-    return Config(
-        source=source,
-        data_dir=absolute_path(source.parent / DEFAULT_DATA_DIR),
-        iproto=IprotoConfig(
+    config = Config.model_validate({}, context={"folder": source.parent})
+    return config.model_copy(update={
+        "iproto": IprotoConfig(
             listen=legacy.listen or DEFAULT_LISTEN,
             read_only_listen=legacy.read_only_listen,
             admin_listen=legacy.admin_listen,
         ),
-        wal=WalConfig(),
-        guest_grants=None,
-        users=(),
-        spaces=ordered_spaces(legacy.spaces),
-        tarantool_cfg=absolute_path(source),
-        deckard=None,
-        zaqar=None,
-        sonya=None,
-    )
+        "spaces": ordered_spaces(legacy.spaces),
+        "tarantool_cfg": absolute_path(source),
+    }).with_source(source)
+
+
+# -- TOML --------------------------------------------------------------------------------------
+
+
+def _from_toml(source: Path, text: str, data: dict[str, Any]) -> Config:
+    lines = TomlLines(text)
+    try:
+        config = Config.model_validate(data, context={"folder": source.parent})
+    except ValidationError as err:
+        raise _config_error(str(source), lines, err) from None
+    # The 1.5 cfg's own errors name it as the file names it (relative to the working directory).
+    shown = Path(os.path.normpath(source.parent / data["tarantool_cfg"])) if config.tarantool_cfg else None
+    return _WholeFile(str(source), lines).settle(config, shown).with_source(source)
+
+
+def _config_error(file: str, lines: TomlLines, err: ValidationError) -> ConfigError:
+    """The problem that comes first in the file, worded as the rest of the server words them."""
+    found = [(e["type"] != "extra_forbidden", _where(e), _message(e)) for e in err.errors(include_url=False)]
+    # An unknown key first (a misspelt key also makes the right one missing), then by line.
+    (_, path, message) = min(found, key=lambda f: (f[0], lines.line_of(f[1]) or 1 << 30))
+    return ConfigError(file, lines.line_of(path), message, key=dotted(path))
+
+
+def _where(error: ErrorDetails) -> Key:
+    return tuple(error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
+
+
+def _message(error: ErrorDetails) -> str:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    value = error["input"]
+    ctx = error.get("ctx") or {}
+    key = dotted(loc)
+    if kind == "boxqueue":
+        return str(ctx["text"]).replace("{key}", dotted(_where(error))).replace("{path}", key)
+    if kind in ("extra_forbidden", "missing"):
+        parent = loc[:-1]
+        where = f" in [{parent[0]}]" if len(parent) == 1 else f" in {dotted(parent)}" if parent else ""
+        verb = "unknown" if kind == "extra_forbidden" else "missing"
+        return f"{verb} key {loc[-1]!r}{where}"
+    if kind == "greater_than_equal":
+        bound = ctx["ge"]
+        if isinstance(bound, float):  # a number of seconds: the bound as written
+            return f"{key} must be at least {bound:g}"
+        return f"{key} must be at least {bound}, not {value}"
+    if kind == "literal_error":
+        return f"bad {key}: {show(value)} (expected {ctx['expected'].replace(chr(39), '')})"
+    wanted = _WANTED.get(kind)
+    if wanted is not None:
+        return f"{key} must be {wanted}, not {show(value)}"
+    return f"{key}: {error['msg']}"
+
+
+_WANTED = {
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "finite_number": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+    "dict_type": "a table",
+    "tuple_type": "an array",
+    "list_type": "an array",
+}
+
+
+class _WholeFile:
+    """The rules that need the whole file: the 1.5 cfg it names, listeners, the replica set."""
+
+    def __init__(self, file: str, lines: TomlLines) -> None:
+        self.file = file
+        self.lines = lines
+
+    def fail(self, path: Key, message: str) -> ConfigError:
+        return ConfigError(self.file, self.lines.line_of(path), message, key=dotted(path))
+
+    def settle(self, config: Config, legacy_file: Path | None) -> Config:
+        iproto = config.iproto
+        spaces = config.spaces
+        if legacy_file is not None:
+            legacy = tarantool_cfg.load_tarantool_cfg(legacy_file)
+            iproto = iproto.model_copy(update={
+                "listen": iproto.listen or legacy.listen,
+                "read_only_listen": iproto.read_only_listen or legacy.read_only_listen,
+                "admin_listen": iproto.admin_listen or legacy.admin_listen,
+            })
+            spaces = self.merge_spaces(legacy.spaces, spaces)
+        if iproto.listen is None:
+            iproto = iproto.model_copy(update={"listen": DEFAULT_LISTEN})
+        config = config.model_copy(update={"iproto": iproto, "spaces": ordered_spaces(spaces)})
+        self.check_listeners(config)
+        if config.replication is not None:
+            self.check_replication(config, config.replication)
+        return config
+
+    def merge_spaces(
+        self, legacy: tuple[SpaceConfig, ...], spaces: tuple[SpaceConfig, ...]
+    ) -> tuple[SpaceConfig, ...]:
+        """The 1.5 cfg's spaces, except those a ``[[space]]`` with the same id replaces."""
+        ids = {s.id for s in spaces}
+        merged = [s for s in legacy if s.id not in ids]
+        for i, space in enumerate(spaces):
+            clash = next((s for s in merged if s.name == space.name), None)
+            if clash is not None:
+                raise self.fail(
+                    ("space", i, "name"),
+                    f"space name {show(space.name)} is already space {clash.id} of the tarantool_cfg file",
+                )
+        return (*merged, *spaces)
+
+    def check_listeners(self, config: Config) -> None:
+        iproto = config.iproto
+        clash = listener_clash(
+            [
+                (("iproto", "listen"), iproto.listen),
+                (("iproto", "read_only_listen"), iproto.read_only_listen),
+                (("iproto", "admin_listen"), iproto.admin_listen),
+                (("deckard", "listen"), config.deckard.listen if config.deckard else None),
+                (("zaqar", "listen"), config.zaqar.listen if config.zaqar else None),
+                (("sonya", "listen"), config.sonya.listen if config.sonya else None),
+                (("metrics", "listen"), config.metrics.listen if config.metrics else None),
+            ]
+        )
+        if clash is not None:
+            key, other, address = clash
+            raise self.fail(key, f"{dotted(key)} and {dotted(other)} are both {address}")
+
+    def check_replication(self, config: Config, rep: ReplicationConfig) -> None:
+        path: Key = ("replication",)
+        listen = config.iproto.listen
+        wildcard = listen is not None and listen.host in ("0.0.0.0", "::")
+        uri = rep.peer.uri
+        if uri != listen and not (wildcard and listen is not None and uri.port == listen.port):
+            raise self.fail((*path, "peers"), f"this instance's uri ({uri}) is not its [iproto] listen "
+                            f"address ({listen})")
+        if rep.user is not None and rep.user != "admin" and all(u.name != rep.user for u in config.users):
+            raise self.fail((*path, "user"), f"replication.user {show(rep.user)} is not one of [[users]]")
+        if config.wal.mode != "fsync":
+            raise self.fail(path, 'a replica set replicates the write-ahead log: [wal] mode must be "fsync"')

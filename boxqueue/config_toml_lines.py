@@ -11,7 +11,7 @@ import tomllib
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from boxqueue.config_types import Key
+from boxqueue.config_model import Key
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SCALAR = re.compile(r"[^,\]}\n#]*")  # numbers, booleans, dates: up to the next delimiter

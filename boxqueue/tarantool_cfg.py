@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from boxqueue.config_rules import default_index_name, dotted, index_problem, listener_clash, show
-from boxqueue.config_types import (
+from boxqueue.config_model import (
     INDEX_TYPES,
     Address,
     ConfigError,
@@ -33,7 +32,12 @@ from boxqueue.config_types import (
     Key,
     PartConfig,
     SpaceConfig,
+    default_index_name,
+    dotted,
+    index_problem,
+    listener_clash,
     read_text,
+    show,
 )
 from spaces import fieldtypes
 
@@ -356,7 +360,8 @@ class _Reader:
         key_fields = self.dense(t["key_field"], (*path, "key_field"))
         parts = tuple(self.part(raw, (*path, "key_field", i)) for i, raw in enumerate(key_fields))
         index = IndexConfig(
-            default_index_name(position), itype.upper(), self.flag(t, path, "unique", True), parts
+            name=default_index_name(position), type=itype.upper(), unique=self.flag(t, path, "unique", True),
+            parts=parts,
         )
         problem = index_problem(index, position)
         if problem is not None:
@@ -381,7 +386,7 @@ class _Reader:
                 f"unknown key type in {dotted(path)}.type: {_show(t['type'])} "
                 "(expected STR, NUM or NUM64)",
             )
-        return PartConfig(fieldno, ftype)
+        return PartConfig(field=fieldno, type=ftype)
 
     # -- shapes ------------------------------------------------------------------------------
 
@@ -432,8 +437,8 @@ def as_queue_space(space: SpaceConfig) -> SpaceConfig:
         parts = []
         for part in index.parts:
             if part.field == 12:
-                parts.append(replace(part, type="scalar", is_nullable=True))
+                parts.append(part.model_copy(update={"type": "scalar", "is_nullable": True}))
             else:
-                parts.append(replace(part, type=_QUEUE_TYPES[part.field]))
-        indexes.append(replace(index, parts=tuple(parts)))
-    return replace(space, indexes=tuple(indexes))
+                parts.append(part.model_copy(update={"type": _QUEUE_TYPES[part.field]}))
+        indexes.append(index.model_copy(update={"parts": tuple(parts)}))
+    return space.model_copy(update={"indexes": tuple(indexes)})

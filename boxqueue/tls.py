@@ -17,7 +17,7 @@ from __future__ import annotations
 import ssl
 from typing import TYPE_CHECKING
 
-from boxqueue.config import Config, ConfigError, TlsConfig
+from boxqueue.config import Config, ConfigError, DeckardTlsConfig, TlsConfig
 
 if TYPE_CHECKING:  # grpcio loads only when Deckard is served
     from facades.deckard.auth import PemFiles
@@ -38,7 +38,8 @@ def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLCont
             context.load_verify_locations(cafile=str(tls.ca_file))
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(str(tls.ca_file), None, f"cannot load the CA certificates: {exc}") from None
-        context.verify_mode = ssl.CERT_REQUIRED if tls.client_auth == "require" else ssl.CERT_OPTIONAL
+        optional = isinstance(tls, DeckardTlsConfig) and tls.client_auth == "optional"
+        context.verify_mode = ssl.CERT_OPTIONAL if optional else ssl.CERT_REQUIRED
     if tls.ciphers:
         try:
             context.set_ciphers(tls.ciphers)

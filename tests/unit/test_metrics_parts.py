@@ -151,9 +151,9 @@ def test_recovery_progress_logs_counts_and_an_estimate(monkeypatch, caplog):
 def test_metrics_section(tmp_path: Path):
     path = tmp_path / "m.toml"
     path.write_text('[metrics]\nlisten = "127.0.0.1:9200"\npublic = true\n')
-    assert load_config(path).metrics == MetricsConfig(Address("127.0.0.1", 9200), public=True)
+    assert load_config(path).metrics == MetricsConfig(listen=Address("127.0.0.1", 9200), public=True)
     path.write_text("[metrics]\n")
-    assert load_config(path).metrics == MetricsConfig(Address("127.0.0.1", 9100), public=False)
+    assert load_config(path).metrics == MetricsConfig(listen=Address("127.0.0.1", 9100), public=False)
     path.write_text("[iproto]\n")
     assert load_config(path).metrics is None
     path.write_text('[metrics]\nlisten = "127.0.0.1:9200"\npublik = true\n')

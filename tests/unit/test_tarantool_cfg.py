@@ -102,18 +102,18 @@ def seed_with_fourth_index() -> str:
 
 
 def parts(*pairs: tuple[int, str]) -> tuple[PartConfig, ...]:
-    return tuple(PartConfig(field, ftype) for field, ftype in pairs)
+    return tuple(PartConfig(field=field, type=ftype) for field, ftype in pairs)
 
 
 # The seed's box.queue layout gets the tube engine's types: ipri/pri (1.5's one-byte STR) are
 # unsigned, the put_unique data field is a nullable scalar.
 QUEUE_INDEXES = (
-    IndexConfig("primary", "TREE", True, parts((0, "string"))),
-    IndexConfig("i1", "TREE", False, parts((1, "string"), (2, "string"), (4, "unsigned"), (5, "unsigned"))),
-    IndexConfig("i2", "TREE", False, parts((1, "string"), (3, "unsigned"))),
+    IndexConfig(name="primary", type="TREE", unique=True, parts=parts((0, "string"))),
+    IndexConfig(name="i1", type="TREE", unique=False, parts=parts((1, "string"), (2, "string"), (4, "unsigned"), (5, "unsigned"))),
+    IndexConfig(name="i2", type="TREE", unique=False, parts=parts((1, "string"), (3, "unsigned"))),
 )
 PUT_UNIQUE_INDEX = IndexConfig(
-    "i3", "TREE", False, (*parts((1, "string"), (2, "string")), PartConfig(12, "scalar", True))
+    name="i3", type="TREE", unique=False, parts=(*parts((1, "string"), (2, "string")), PartConfig(field=12, type="scalar", is_nullable=True)),
 )
 
 
@@ -217,10 +217,10 @@ def test_the_dotted_style() -> None:
     assert [(s.id, s.name) for s in cfg.spaces] == [(0, "space0"), (3, "space3")]
     space0 = cfg.spaces[0]
     assert space0.indexes == (
-        IndexConfig("primary", "HASH", True, parts((0, "unsigned"))),
-        IndexConfig("i1", "TREE", False, parts((1, "string"), (2, "unsigned"))),
+        IndexConfig(name="primary", type="HASH", unique=True, parts=parts((0, "unsigned"))),
+        IndexConfig(name="i1", type="TREE", unique=False, parts=parts((1, "string"), (2, "unsigned"))),
     )
-    assert cfg.spaces[1].indexes == (IndexConfig("primary", "TREE", True, parts((0, "string"))),)
+    assert cfg.spaces[1].indexes == (IndexConfig(name="primary", type="TREE", unique=True, parts=parts((0, "string"))),)
 
 
 def test_styles_mix_and_bare_words_and_booleans() -> None:
@@ -234,8 +234,8 @@ space[0].index[1].key_field[0].type = "str"
 """
     (space,) = parse_tarantool_cfg(text, "x.cfg").spaces
     assert space.indexes == (
-        IndexConfig("primary", "TREE", True, parts((0, "unsigned"))),
-        IndexConfig("i1", "TREE", False, parts((1, "string"))),
+        IndexConfig(name="primary", type="TREE", unique=True, parts=parts((0, "unsigned"))),
+        IndexConfig(name="i1", type="TREE", unique=False, parts=parts((1, "string"))),
     )
 
 
@@ -248,7 +248,7 @@ def test_commas_are_optional_and_trailing_commas_allowed() -> None:
 def test_index_defaults_tree_and_unique() -> None:
     text = "space[0].index[0].key_field[0].fieldno = 0\nspace[0].index[0].key_field[0].type = 'STR'\n"
     (space,) = parse_tarantool_cfg(text, "x.cfg").spaces
-    assert space.indexes == (IndexConfig("primary", "TREE", True, parts((0, "string"))),)
+    assert space.indexes == (IndexConfig(name="primary", type="TREE", unique=True, parts=parts((0, "string"))),)
 
 
 def test_the_old_namespace_name() -> None:
