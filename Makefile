@@ -60,7 +60,7 @@ run: install
 cluster: install
 	conf/cluster/start.sh
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-pure
 
@@ -80,8 +80,10 @@ test-pure: install
 docs: install
 	$(BIN)/python -m boxqueue.config_reference docs/configuration.md
 
+# ruff everywhere; mypy on the rooms listed in pyproject.toml's [tool.mypy] (CI runs this first).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python bench/iproto_load.py

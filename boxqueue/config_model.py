@@ -31,6 +31,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     Strict,
     ValidationInfo,
@@ -426,10 +427,11 @@ def _part_field(value: Any) -> Any:
 class PartConfig(Section):
     """A key part of an index: ``[field, "type"]``, a field alone, or a table."""
 
-    field: Annotated[int | str, BeforeValidator(_part_field)] = Field(
+    # A field's name is kept as given until its space resolves it to the number the type says.
+    field: Annotated[int, PlainValidator(_part_field)] = Field(
         description="the field's number (0-based) or its name in the format"
     )
-    type: FieldType | None = Field(None, description="absent: the format's type of the field, else `unsigned`")
+    type: FieldType = Field("", description="absent: the format's type of the field, else `unsigned`")
     is_nullable: Flag = Field(False, description="absent: as the format says")
     collation: Text | None = Field(None, description="string parts: `none`, `binary` or `unicode...`")
 
@@ -442,7 +444,7 @@ class PartConfig(Section):
 class IndexConfig(Section):
     """An index of a space."""
 
-    name: Name | None = Field(None, description='absent: "primary" for the first, else "i1", "i2", ...')
+    name: Name = Field("", description='absent: "primary" for the first, else "i1", "i2", ...')
     type: Annotated[Literal["TREE", "HASH"], BeforeValidator(_upper)] = Field(
         "TREE", description="`TREE` or `HASH`"
     )
@@ -539,7 +541,7 @@ class SpaceConfig(Section):
 
     def _resolve_part(self, part: PartConfig, at: Key) -> PartConfig:
         """The part with its field as a number and its type and nullability as the format says."""
-        field = part.field
+        field: int | str = part.field
         if isinstance(field, str):
             names = [f.name for f in self.format]
             if field not in names:

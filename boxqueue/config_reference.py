@@ -141,6 +141,8 @@ def _default(field: FieldInfo) -> str:
         return "required"
     if value is None:
         return "absent"
+    if value == "":  # resolved from other keys, as the meaning says
+        return "see meaning"
     if isinstance(value, BaseModel):
         return "(table)"
     if isinstance(value, bool):

@@ -196,13 +196,14 @@ class Server:
         access = configure_access(config)
         metrics_stop = trio.Event()
         async with trio.open_nursery() as outermost:
-            if config.metrics is not None:
-                listen = config.metrics.listen
+            metrics = config.metrics
+            if metrics is not None:
+                listen = metrics.listen
                 self.ports.extra["metrics"] = await outermost.start(
                     lambda task_status: serve_metrics(
                         self.observed, listen.host, listen.port, metrics_stop,
-                        access=access if config.users else None, public=config.metrics.public,
-                        listening=http_listening(config.metrics),
+                        access=access if config.users else None, public=metrics.public,
+                        listening=http_listening(metrics),
                         task_status=task_status,
                     )
                 )
@@ -482,7 +483,7 @@ class Server:
         for api, section, name in (("zaqar", self.config.zaqar, "Zaqar"), ("sonya", self.config.sonya, "Sonya")):
             if section is None:
                 continue
-            app = unavailable_app(lambda api=api: node.leader_facade_url(api), api)
+            app = unavailable_app(partial(node.leader_facade_url, api), api)
             self.ports.extra[api] = await facades.start(
                 lambda task_status, app=app, section=section, name=name: serve_asgi(
                     app, section.listen.host, section.listen.port, stopping, name=f"{name} (follower)",

@@ -291,14 +291,14 @@ class _Reader:
             elif key not in OPTIONS:
                 raise self.fail((key,), f"unknown key {key!r}")
         host = self.host(root)
-        listeners = [self.listener(root, key, host) for key in PORT_OPTIONS]
-        clash = listener_clash([((key,), a) for key, a in zip(PORT_OPTIONS, listeners, strict=True)])
+        listen, read_only, admin = (self.listener(root, key, host) for key in PORT_OPTIONS)
+        clash = listener_clash([(("primary_port",), listen), (("secondary_port",), read_only), (("admin_port",), admin)])
         if clash is not None:
             raise self.fail(clash[0], f"{dotted(clash[0])} is the same port as {dotted(clash[1])}")
         ids = [s.id for s in spaces]
         if len(set(ids)) != len(ids):
             raise self.fail(("namespace",), "both space and namespace define the same space")
-        return TarantoolCfg(Path(self.file), *listeners, spaces=tuple(spaces))
+        return TarantoolCfg(Path(self.file), listen, read_only, admin, spaces=tuple(spaces))
 
     def host(self, root: dict[str, Any]) -> str:
         value = root.get("bind_ipaddr", DEFAULT_HOST)

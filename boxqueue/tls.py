@@ -50,7 +50,7 @@ def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLCont
     return context
 
 
-def pem_files(tls: TlsConfig) -> PemFiles:
+def pem_files(tls: DeckardTlsConfig) -> PemFiles:
     from facades.deckard.auth import PemFiles
 
     server_context(tls)  # the same checks (and errors) as the other listeners

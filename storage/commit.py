@@ -365,12 +365,14 @@ class GroupCommitter:
                 self._commit_unlogged(raw)
             return False
         lsn = self._storage.lsn + 1
+        fed: list[tuple[int, int, bytes]]
         if forced:  # records from the leader, logged as they came, one after the other
             fed = []
             for item in batch:
                 if item.lsn != lsn:
                     self._abort(raw)
                     raise StorageError(f"replicated record {item.lsn} does not follow this log's last record {lsn - 1}")
+                assert item.payload is not None  # a replicated record's, set by submit_replicated
                 fed.append((lsn, item.term, item.payload))
                 lsn += 1
             lsn -= 1
@@ -416,6 +418,7 @@ class GroupCommitter:
         be safe to call from a thread), flush the log. A group that fails to commit takes its
         record back out."""
         wal = self._log
+        assert wal is not None  # only groups of a logged mode are written
         start = wal.size
         try:
             wal.append(record)
@@ -478,7 +481,7 @@ class GroupCommitter:
                 else:
                     self._finish(batch, started)
                 self._log_free.release()
-                if self._log.size >= self._storage.checkpoint_bytes:
+                if self._log is not None and self._log.size >= self._storage.checkpoint_bytes:
                     self._checkpoint_due.set()
 
     def _stop_flusher(self) -> None:

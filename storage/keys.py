@@ -77,17 +77,17 @@ def _floor_double(value: int | decimal.Decimal) -> tuple[float, Any]:
 
 
 def encode_number(value: int | float | decimal.Decimal) -> bytes:
-    t = type(value)
-    if t is float:
+    if type(value) is float:
         return b"\x20" + _sortable_double(value) + b"\x00"
-    if t is int:
+    if type(value) is int:
         if -_EXACT_INT <= value <= _EXACT_INT:
             return b"\x20" + _sortable_double(float(value)) + b"\x00"
         f, exact = _floor_double(value)
         rem = value - exact
         tail = _remainder(decimal.Decimal(rem)) if rem else b"\x00"
         return b"\x20" + _sortable_double(f) + tail
-    # decimal.Decimal
+    if not isinstance(value, decimal.Decimal):
+        raise TypeError(f"not a number: {type(value).__name__}")
     if not value.is_finite():
         raise TypeError("decimal must be finite")
     f, exact = _floor_double(value)

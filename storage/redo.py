@@ -53,7 +53,9 @@ class RedoTxn:
     __slots__ = ("txn", "ops", "_names")
 
     def __init__(self, txn: lmdb.Transaction, names: dict[Any, bytes | None]) -> None:
-        self.txn = txn
+        # Any: lmdb's stubs type values as bytes | memoryview; without buffers=True (never used
+        # here) they are bytes.
+        self.txn: Any = txn
         self.ops: list[Any] = []
         self._names = names
 
@@ -230,7 +232,7 @@ class RedoCursor:
     __slots__ = ("_cursor", "_redo", "_name", "_db")
 
     def __init__(self, cursor: lmdb.Cursor, redo: RedoTxn, db: Any) -> None:
-        self._cursor = cursor
+        self._cursor: Any = cursor  # values are bytes, as the transaction's
         self._redo = redo
         self._name = redo._name(db)
         self._db = db
@@ -270,7 +272,7 @@ class RedoCursor:
         return False
 
 
-def decode(payload: bytes) -> list[Op]:
+def decode(payload: bytes | memoryview) -> list[Op]:
     """The operations of one log record's payload."""
     flat = msgpack.unpackb(payload, use_list=False, raw=True)
     if type(flat) is not tuple or len(flat) % 4:

@@ -87,7 +87,7 @@ def segment_name(first_lsn: int) -> str:
 
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """The segments in ``directory``, oldest first, as (first LSN, path)."""
-    found = []
+    found: list[tuple[int, Path]] = []
     if not directory.is_dir():
         return found
     for entry in directory.iterdir():

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cython
 
 from storage.environment import StorageError
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger("storage.commit")
 
@@ -32,13 +35,13 @@ class Write:
         self.fn = fn
         self.after_commit = after_commit
         self.exclusive = exclusive
-        self.result = None
-        self.error = None
+        self.result: Any = None
+        self.error: BaseException | None = None
         self.done = done
         self.lsn = 0  # a replicated record's own LSN (alone in its group), else 0
         self.term = 0  # ... and its term
         self.local = False  # this node's own metadata: committed unlogged and flushed, never replicated
-        self.payload = None  # a replicated record's payload, logged as it came
+        self.payload: bytes | None = None  # a replicated record's payload, logged as it came
 
 
 @cython.cclass
@@ -47,9 +50,9 @@ class WriteQueue:
     (None while it is busy); ``rejections``: the exceptions a write raises having written nothing."""
 
     def __init__(self, rejections: tuple[type[BaseException], ...]) -> None:
-        self.pending = []
+        self.pending: list[Write] = []
         self.closed = False
-        self.wakeup = None
+        self.wakeup: trio.Event | None = None
         self.rejections = rejections
 
     def submit(
@@ -70,7 +73,7 @@ class WriteQueue:
             wakeup.set()
 
     def submit_special(self, fn: Callable[[Any], Any], done: Done, lsn: cython.ulonglong, term: cython.ulonglong,
-                       local: cython.bint, payload: object = None) -> None:
+                       local: cython.bint, payload: bytes | None = None) -> None:
         """Queue a write alone in its group: a replicated record (``lsn``, ``term``) or this node's
         own metadata (``local``)."""
         if self.closed:

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from errcodes import ER, BoxError
 from spaces.later import Later
 from spaces.procedures import CallContext, Procedures
 from tubes.engine import QueueEngine, now_us, proc_error
@@ -88,7 +89,9 @@ class BoxQueue:
         if number is None:
             shown = "nil" if value is None else repr(value)
             raise proc_error(f"bad argument 'space' to queue.{fn}: a number is required, got {shown}")
-        space_id = int(number) if number == int(number) else number
+        if number != int(number):  # no space has a fractional id
+            raise BoxError(ER.NO_SUCH_SPACE, number)
+        space_id = int(number)
         self.engine.queue_space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
 

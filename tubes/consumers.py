@@ -15,7 +15,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -169,7 +169,8 @@ class Consumers(EngineBase):
             t.status, t.event, t.cid, t.ttr, t.ctaken = TAKEN, min(deadline, t.expires), 0, ttr, t.ctaken + 1
 
         later = self._batch(queue_space, tube, changes=[(t, pulled, None) for t in chosen])
-        return later.map(lambda raws: [(t.copy(), raw) for t, raw in zip(chosen, raws, strict=True)])
+        # A changed task's row is always there (bytes): only inserts of nothing answer None.
+        return later.map(lambda raws: [(t.copy(), raw) for t, raw in zip(chosen, cast("list[bytes]", raws), strict=True)])
 
     def untake(self, space_id: int, tube_name: str, ids: Iterable[str]) -> Later[list[bytes | None]]:
         """Taken tasks back to ready where they were, as if never taken."""

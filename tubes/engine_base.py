@@ -15,7 +15,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 import trio
@@ -128,6 +128,18 @@ class BatchError(RuntimeError):
 class EngineBase:
     """All tubes of all queue spaces of one server: the state the engine's parts share."""
 
+    if TYPE_CHECKING:  # what one part calls of another (QueueEngine composes them all)
+        def tail(self, queue_space: QueueSpace, data: list[Any],
+                 attachments: dict[str, Any] | None = None) -> Tail: ...
+
+        def free_tasks(self, tube: Tube, limit: int, low: float = ..., high: float = ...) -> list[Task]: ...
+
+        def _adopt(
+            self, queue_space: QueueSpace, tube: Tube, kind: TubeKind | None
+        ) -> tuple[list[Callable[[lmdb.Transaction], Any]], dict[str, Any] | None]: ...
+
+        async def _enforce_limit(self, queue_space: QueueSpace, tube: Tube) -> None: ...
+
     def __init__(self, catalog: Catalog, kinds: dict[str, TubeKind] | None = None) -> None:
         self.catalog = catalog
         self.committer = catalog.committer
@@ -235,10 +247,10 @@ class EngineBase:
         found = self._where.get((space_id, task_id)) if isinstance(task_id, str) else None
         if found is None:
             raise proc_error("Task not found")
-        if type(found) is list:
+        if isinstance(found, list):
             names = ", ".join(sorted(t.name for t in found))
             raise proc_error(f"Task id {task_id!r} is ambiguous in space {space_id}: tubes {names} hold one")
-        return found, found.tasks[task_id]  # type: ignore[union-attr]
+        return found, found.tasks[task_id]
 
     def get(self, space_id: int, tube_name: str, task_id: str) -> Task | None:
         tube = self.tubes.get((space_id, tube_name))
@@ -541,7 +553,7 @@ class EngineBase:
         for counter in counted:
             tube.uncount(counter)
         for task, before, header in reversed(done_changes):
-            if tube.tasks.get(task.id) is task and task.header() == header:
+            if task.id in tube.tasks and tube.tasks[task.id] is task and task.header() == header:
                 self._leave(tube, task)
                 task.restore(before)
                 self._enter(tube, task)

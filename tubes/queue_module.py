@@ -275,6 +275,8 @@ class QueueModule:
                 tube, task, what = self._changes.popleft()
                 if tube not in self._watched and what != "dropped":
                     continue
+                if self._task_changed is None:
+                    continue
                 try:
                     await self._task_changed(tube, task, what)
                 except Exception as exc:
@@ -372,7 +374,7 @@ class QueueModule:
             return None
         tube = self.engine.existing_tube(space.id, name)
         options = None if tube is None else tube.options
-        if not options or options.get("type") not in TYPES or tube.kind.name != QUEUE_MODULE:
+        if tube is None or not options or options.get("type") not in TYPES or tube.kind.name != QUEUE_MODULE:
             return None
         found = self._tubes[name] = ModuleTube(name, space.id, options)
         return found

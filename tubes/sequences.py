@@ -133,6 +133,8 @@ class SequenceStore:
                 return list(newest.values())
             if start == "first":
                 return list(rows)
+            if not isinstance(start, int):
+                raise ValueError(f"start is a sequence, first or last, not {start!r}")
             return [m for m in rows if m.sequence >= start]
         if start == "first":
             return list(self._rows(queue, [queue, key]))

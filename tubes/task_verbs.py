@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import tubes.transitions as tr
 from spaces.later import Later
@@ -201,5 +201,5 @@ class TaskVerbs(EngineBase):
             return Later.done([])
         assert tube is not None
         return self._batch(queue_space, tube, deletes=chosen).map(
-            lambda raws: list(zip(chosen, raws, strict=True)))
+            lambda raws: list(zip(chosen, cast("list[bytes]", raws), strict=True)))  # deleted rows: bytes
 
