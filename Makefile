@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 NODE_STAMP := $(VENV)/node/.installed
 ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
-DECKARD_GEN := facades/deckard/generated
+DECKARD_GEN := boxqueue/facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
 .PHONY: install build check-cc run cluster test test-pure fuzz soak lint docs bench clean

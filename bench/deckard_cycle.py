@@ -44,8 +44,8 @@ def free_port() -> int:
 async def _clients(port: int, count: int, queue: str, start_at: float, measure_from: float, stop_at: float) -> dict:
     import grpc
 
-    from facades.deckard.generated import deckard_service_pb2 as pb
-    from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+    from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+    from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 
     latencies: list[float] = []
     done = empty = errors = 0

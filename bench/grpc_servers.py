@@ -10,7 +10,7 @@ Candidates (``--servers``):
 
 * ``threadpool``: grpcio's thread-pool server (``grpc.server``), the handler answering at once;
 * ``threadpool-trio``: the same, each call handed to a trio loop in another thread and its answer
-  handed back, as ``facades/deckard/trio_bridge.py`` does for every Deckard call (the hop's cost);
+  handed back, as ``boxqueue/facades/deckard/trio_bridge.py`` does for every Deckard call (the hop's cost);
 * ``aio``: grpcio's asyncio server (``grpc.aio``) on its own loop;
 * ``aio-trio``: the asyncio server, each call handed to a trio loop thread and back;
 * ``purerpc``: purerpc (gRPC over h2 on anyio) on trio. purerpc 0.8 needs ``h2 < 4`` where the

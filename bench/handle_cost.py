@@ -32,19 +32,19 @@ def workload(count: int, what: str) -> None:
     import trio
 
     import boxqueue  # noqa: F401 - first: BOXQUEUE_PURE=1 then measures the uncompiled sources
-    from errcodes import BoxError
-    from iproto_server import codec
-    from iproto_server.builtins import register_builtins
-    from iproto_server.dispatch import PENDING, Dispatcher
-    from iproto_server.outbox import Outbox
-    from iproto_server.session import Session
-    from lua_box.engine import LuaEngine, LuaLimits
-    from spaces.catalog import Catalog
-    from spaces.definitions import FieldDef
-    from spaces.procedures import Procedures
-    from spaces.space_procedures import space_method_resolver
-    from storage.commit import GroupCommitter
-    from storage.environment import Storage
+    from boxqueue.errcodes import BoxError
+    from boxqueue.iproto import codec
+    from boxqueue.iproto.builtins import register_builtins
+    from boxqueue.iproto.dispatch import PENDING, Dispatcher
+    from boxqueue.iproto.outbox import Outbox
+    from boxqueue.iproto.session import Session
+    from boxqueue.lua_box.engine import LuaEngine, LuaLimits
+    from boxqueue.spaces.catalog import Catalog
+    from boxqueue.spaces.definitions import FieldDef
+    from boxqueue.spaces.procedures import Procedures
+    from boxqueue.spaces.space_procedures import space_method_resolver
+    from boxqueue.storage.commit import GroupCommitter
+    from boxqueue.storage.environment import Storage
 
     bodies = {
         "ping": ({0: codec.PING, 1: 1}, None),
@@ -130,7 +130,7 @@ def queue_workload(count: int) -> None:
     from boxqueue.cli import tune_interpreter
     from boxqueue.config import load_config
     from boxqueue.process import Server
-    from storage.environment import Storage
+    from boxqueue.storage.environment import Storage
 
     # valgrind refuses the default 1 TiB map reservation.
     process.Storage = functools.partial(Storage, map_size=1 << 28)  # type: ignore[misc]
@@ -146,10 +146,10 @@ def queue_workload(count: int) -> None:
         return msgpack.packb(len(payload)) + payload
 
     async def main() -> None:
-        from iproto_server import codec
-        from iproto_server.dispatch import PENDING
-        from iproto_server.outbox import Outbox
-        from iproto_server.session import Session
+        from boxqueue.iproto import codec
+        from boxqueue.iproto.dispatch import PENDING
+        from boxqueue.iproto.outbox import Outbox
+        from boxqueue.iproto.session import Session
 
         server = Server(load_config(config_path), handle_signals=False)
         async with trio.open_nursery() as nursery:

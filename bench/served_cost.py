@@ -36,7 +36,7 @@ OPS = ("ping", "select", "call", "replace")
 _LAUNCH = """
 import functools, sys
 from boxqueue import cli, process
-from storage.environment import Storage
+from boxqueue.storage.environment import Storage
 process.Storage = functools.partial(Storage, map_size=1 << 30)
 sys.exit(cli.main(["serve", "--config", sys.argv[1]]))
 """

@@ -86,7 +86,7 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from pipeline.spark import register
+    from boxqueue.pipeline.spark import register
 
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="spark-bench-")), extra_config=SPACES,
                            wal_mode=args.wal, read_only=False)

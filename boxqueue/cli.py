@@ -16,9 +16,9 @@ import trio
 from boxqueue import tls
 from boxqueue.compiled import stale_extensions
 from boxqueue.config import ConfigError, load_config
+from boxqueue.errcodes import BoxError
 from boxqueue.process import Server
-from errcodes import BoxError
-from storage.environment import StorageError
+from boxqueue.storage.environment import StorageError
 
 
 def version() -> str:

@@ -40,7 +40,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from spaces import fieldtypes
+from boxqueue.spaces import fieldtypes
 
 Key = tuple[str | int, ...]  # where a value is: ("space", 0, "indexes", 1, "parts", 0, "type")
 

@@ -16,42 +16,42 @@ from typing import Any
 import trio
 
 from boxqueue.config import Address, Config, MetricsConfig, SonyaConfig, SpaceConfig, ZaqarConfig
+from boxqueue.errcodes import BoxError
+from boxqueue.facades.asgi_serving import Listening
+from boxqueue.facades.sonya import serve_sonya
+from boxqueue.facades.zaqar import TokenAuth, serve_zaqar
+from boxqueue.facades.zaqar.queues import ZaqarQueues
+from boxqueue.facades.zaqar.responses import Limits
+from boxqueue.iproto.builtins import register_builtins
+from boxqueue.iproto.console import ConsoleServer
+from boxqueue.iproto.dispatch import Dispatcher
+from boxqueue.iproto.request_stats import RequestStats
+from boxqueue.iproto.server import IprotoServer
+from boxqueue.iproto.session import Session
+from boxqueue.lua_box.engine import LuaEngine, LuaLimits
+from boxqueue.measures import Histogram, RequestMeter
+from boxqueue.metrics.app import serve_metrics
+from boxqueue.metrics.observed import READY, RECOVERING, STOPPING, Observed
+from boxqueue.spaces import access as acl
+from boxqueue.spaces.catalog import Catalog
+from boxqueue.spaces.definitions import FieldDef
+from boxqueue.spaces.procedures import CallContext, Procedures
+from boxqueue.spaces.space_procedures import space_method_resolver
+from boxqueue.storage.commit import GroupCommitter
+from boxqueue.storage.environment import Storage
 from boxqueue.tls import pem_files, server_context
-from errcodes import BoxError
-from facades.asgi_serving import Listening
-from facades.sonya import serve_sonya
-from facades.zaqar import TokenAuth, serve_zaqar
-from facades.zaqar.queues import ZaqarQueues
-from facades.zaqar.responses import Limits
-from iproto_server.builtins import register_builtins
-from iproto_server.console import ConsoleServer
-from iproto_server.dispatch import Dispatcher
-from iproto_server.request_stats import RequestStats
-from iproto_server.server import IprotoServer
-from iproto_server.session import Session
-from lua_box.engine import LuaEngine, LuaLimits
-from measures import Histogram, RequestMeter
-from metrics.app import serve_metrics
-from metrics.observed import READY, RECOVERING, STOPPING, Observed
-from spaces import access as acl
-from spaces.catalog import Catalog
-from spaces.definitions import FieldDef
-from spaces.procedures import CallContext, Procedures
-from spaces.space_procedures import space_method_resolver
-from storage.commit import GroupCommitter
-from storage.environment import Storage
-from tubes import box_queue, pools, queue_module, sequences
-from tubes.broadcast import Broadcast
-from tubes.engine import QueueEngine, QueueSpace
-from tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
-from tubes.migration import migrate
-from tubes.pools import PoolCatalog
-from tubes.task_events import catch_up, task_event_hook
+from boxqueue.tubes import box_queue, pools, queue_module, sequences
+from boxqueue.tubes.broadcast import Broadcast
+from boxqueue.tubes.engine import QueueEngine, QueueSpace
+from boxqueue.tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
+from boxqueue.tubes.migration import migrate
+from boxqueue.tubes.pools import PoolCatalog
+from boxqueue.tubes.task_events import catch_up, task_event_hook
 
 log = logging.getLogger(__name__)
 
 # What an incarnation of the process serves as: alone (no [replication]), or as a replica set's
-# leader or one of its followers (see replication/node.py).
+# leader or one of its followers (see boxqueue/replication/node.py).
 ALONE, LEADER, FOLLOWER = "alone", "leader", "follower"
 
 
@@ -238,8 +238,8 @@ class Server:
     async def _serve_replica_set(self, storage: Storage, access: acl.AccessControl,
                                  task_status: trio.TaskStatus[Ports]) -> None:
         """Serve as the leader or as a follower, as etcd decides, one incarnation after another."""
-        from replication.etcd import EtcdClient
-        from replication.node import ReplicaNode
+        from boxqueue.replication.etcd import EtcdClient
+        from boxqueue.replication.node import ReplicaNode
 
         rep = self.config.replication
         assert rep is not None
@@ -300,7 +300,7 @@ class Server:
             procedures = Procedures(catalog.functions)
             register_builtins(procedures, catalog, replication=node.info if node is not None else None)
             if node is not None:
-                from replication.node import register_procedures
+                from boxqueue.replication.node import register_procedures
 
                 register_procedures(procedures, node)
             procedures.add_resolver(space_method_resolver(catalog))
@@ -342,7 +342,7 @@ class Server:
             modern_queue = queue_module.register(
                 procedures, engine, queue_procedures, lua.operations.grant, self._task_changed_in_lua(lua, catalog))
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine
-            # Spaces whose data only the engine changes (spaces/ownership.py), before any listener.
+            # Spaces whose data only the engine changes (boxqueue/spaces/ownership.py), before any listener.
             for rule in (engine.space_owner, sequences.space_owner, pools.space_owner):
                 catalog.ownership.add_rule(rule, list(catalog.spaces.values()))
             leading = None
@@ -475,8 +475,8 @@ class Server:
 
     async def _start_follower_facades(self, facades: trio.Nursery) -> Callable[[], None]:
         """A follower's Zaqar and Sonya: every request answered 503, naming the leader."""
-        from facades.asgi_serving import serve_asgi
-        from facades.follower import unavailable_app
+        from boxqueue.facades.asgi_serving import serve_asgi
+        from boxqueue.facades.follower import unavailable_app
 
         stopping = trio.Event()
         node = self.replica
@@ -541,13 +541,13 @@ class Server:
         return stop
 
     def _lead(self, storage: Storage, committer: GroupCommitter, dispatcher: Dispatcher) -> Any:
-        from replication.leading import Leading
+        from boxqueue.replication.leading import Leading
 
         return Leading(self.replica, storage, committer, dispatcher)
 
     async def _follow(self, storage: Storage, committer: GroupCommitter, catalog: Catalog) -> None:
         """A follower's applier, following whoever etcd says leads (until cancelled)."""
-        from replication.applier import Applier
+        from boxqueue.replication.applier import Applier
 
         node = self.replica
         rep = node.config
@@ -593,7 +593,9 @@ class Server:
             )
         deckard = self.config.deckard
         if deckard is not None and (self.deckard_space is not None or not engine):
-            from facades.deckard.server import DeckardFacade  # grpcio loads only when served
+            from boxqueue.facades.deckard.server import (
+                DeckardFacade,  # grpcio loads only when served
+            )
 
             node = self.replica
             facade = DeckardFacade(

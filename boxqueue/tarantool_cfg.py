@@ -39,7 +39,7 @@ from boxqueue.config_model import (
     read_text,
     show,
 )
-from spaces import fieldtypes
+from boxqueue.spaces import fieldtypes
 
 DEFAULT_HOST = "127.0.0.1"
 

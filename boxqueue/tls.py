@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from boxqueue.config import Config, ConfigError, DeckardTlsConfig, TlsConfig
 
 if TYPE_CHECKING:  # grpcio loads only when Deckard is served
-    from facades.deckard.auth import PemFiles
+    from boxqueue.facades.deckard.auth import PemFiles
 
 
 def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
@@ -51,7 +51,7 @@ def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLCont
 
 
 def pem_files(tls: DeckardTlsConfig) -> PemFiles:
-    from facades.deckard.auth import PemFiles
+    from boxqueue.facades.deckard.auth import PemFiles
 
     server_context(tls)  # the same checks (and errors) as the other listeners
     client_ca = tls.ca_file.read_bytes() if tls.ca_file is not None else None

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "facades" / "deckard" / "generated"
+OUT = ROOT / "boxqueue" / "facades" / "deckard" / "generated"
 STUB = OUT / "deckard_service_pb2_grpc.py"
 
 

@@ -29,8 +29,8 @@ import pytest
 import tarantool
 from hypothesis import HealthCheck, settings
 
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.queue_fixtures import QUEUE_SPACE_0
 from tests.memory_slope import MemoryTrace
 from tests.serverproc import ServerProcess, free_port, rss_kib

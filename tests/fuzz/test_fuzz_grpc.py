@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
 from tests.fuzz.conftest import SENTINEL_NAME, fuzz_settings
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Deckard"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 from google.protobuf import any_pb2
 
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.serverproc import ServerProcess, free_port
 
 # A space of another kind, which Flush must leave alone (K9).

@@ -67,7 +67,7 @@ def test_authenticate_on_an_open_connection(server):
 
 def _raw_auth(port, user, scramble_type):
     """AUTH with the scramble sent as a msgpack str of raw bytes, as the Node connector does."""
-    from spaces.access import chap_sha1_scramble
+    from boxqueue.spaces.access import chap_sha1_scramble
 
     with socket.create_connection(("127.0.0.1", port)) as s:
         greeting = b""

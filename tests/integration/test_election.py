@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from replication.election import Election, ElectionState
-from replication.etcd import EtcdClient
+from boxqueue.replication.election import Election, ElectionState
+from boxqueue.replication.etcd import EtcdClient
 from tests.etcdproc import EtcdProcess
 
 TTL = 2

@@ -1,4 +1,4 @@
-"""Spaces whose data belongs to the engine (spaces/ownership.py): readable over iproto with the
+"""Spaces whose data belongs to the engine (boxqueue/spaces/ownership.py): readable over iproto with the
 read privilege, never changed directly (iproto DML, CALL of ``box.space.*``, the console's Lua),
 always changed through the engine's own verbs (box.queue, Deckard, Zaqar, Sonya)."""
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 import trio
 
-from replication.etcd import EtcdClient, EtcdError
+from boxqueue.replication.etcd import EtcdClient, EtcdError
 from tests.etcdproc import EtcdProcess, free_ports
 
 TIMEOUT = 5.0

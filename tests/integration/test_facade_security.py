@@ -15,8 +15,8 @@ import pytest
 import websockets.sync.client as ws_client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.security_fixtures import Certs
 from tests.serverproc import ROOT, ServerProcess, free_port
 

@@ -154,8 +154,8 @@ async def test_ddl_bumps_the_schema_version_and_shows_in_the_views(running):
 
 
 async def test_alter_space_checks_existing_tuples_and_renames(running):
-    from errcodes import BoxError
-    from spaces.definitions import parse_format
+    from boxqueue.errcodes import BoxError
+    from boxqueue.spaces.definitions import parse_format
 
     server, _port = running
     catalog = server.catalog
@@ -189,7 +189,7 @@ async def test_the_engine_reports_every_task_state_change(tmp_path, nursery):
     server = await start_with_queue_space(tmp_path, nursery)
     seen = []
     server.engine.hooks.append(lambda space, tube, task_id, old, new, raw: seen.append((tube, old, new)))
-    from spaces.procedures import CallContext
+    from boxqueue.spaces.procedures import CallContext
 
     ctx = CallContext(7, server.catalog.access.guest)
     queue = server.procedures
@@ -215,10 +215,10 @@ async def test_tubes_used_once_are_forgotten_and_their_counters_bounded(tmp_path
     must not leave a tube in memory for every name: an empty tube is forgotten, its box.queue
     counters stay listed by statistics, and the counters of the most recent FORGOTTEN_KEPT
     forgotten tubes are kept, no more."""
-    import tubes.engine_base
-    from spaces.procedures import CallContext
+    from boxqueue.spaces.procedures import CallContext
+    from boxqueue.tubes import engine_base
 
-    monkeypatch.setattr(tubes.engine_base, "FORGOTTEN_KEPT", 50)
+    monkeypatch.setattr(engine_base, "FORGOTTEN_KEPT", 50)
     server = await start_with_queue_space(tmp_path, nursery)
     engine = server.engine
     ctx = CallContext(7, server.catalog.access.guest)
@@ -277,10 +277,10 @@ async def test_a_procedures_bug_is_answered_logged_and_counted(running, caplog):
     assert header[0] == 0 and isinstance(body[0x30][0], int)
     await stream.aclose()
     assert server.observed.stats.unexpected == 30
-    logged = [r for r in caplog.records if r.name == "iproto_server.request_stats"]
+    logged = [r for r in caplog.records if r.name == "boxqueue.iproto.request_stats"]
     assert len(logged) == 10
     assert all(r.exc_info and r.exc_info[0] is KeyError and "test.buggy" in r.getMessage() for r in logged)
-    from metrics.collector import BoxqueueCollector
+    from boxqueue.metrics.collector import BoxqueueCollector
 
     [family] = [f for f in BoxqueueCollector(server.observed).collect() if f.name == "boxqueue_unexpected_errors"]
     assert [(s.labels, s.value) for s in family.samples] == [({"api": "iproto"}, 30.0)]

@@ -16,14 +16,14 @@ import pytest
 import trio
 
 from boxqueue.config import load_config
+from boxqueue.errcodes import BoxError
+from boxqueue.facades.deckard import translate
 from boxqueue.process import Server
-from errcodes import BoxError
-from facades.deckard import translate
-from spaces.catalog import Catalog
-from spaces.definitions import FieldDef
-from spaces.space import REPLACE
-from storage.commit import GroupCommitter
-from storage.environment import Storage
+from boxqueue.spaces.catalog import Catalog
+from boxqueue.spaces.definitions import FieldDef
+from boxqueue.spaces.space import REPLACE
+from boxqueue.storage.commit import GroupCommitter
+from boxqueue.storage.environment import Storage
 
 OLD_DECKARD_FORMAT = tuple(
     FieldDef(name, kind)

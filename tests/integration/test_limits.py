@@ -15,8 +15,8 @@ import pytest
 import tarantool
 from tarantool.error import DatabaseError
 
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.queue_fixtures import QUEUE_SPACE_0
 from tests.integration.security_fixtures import read_exactly
 from tests.serverproc import ServerProcess, free_port, rss_kib

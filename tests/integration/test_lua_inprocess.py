@@ -10,9 +10,9 @@ import pytest
 import trio
 
 from boxqueue.config import load_config
+from boxqueue.errcodes import BoxError
 from boxqueue.process import Server
-from errcodes import BoxError
-from spaces.procedures import CallContext
+from boxqueue.spaces.procedures import CallContext
 from tests.integration.test_inprocess import connect, frame, read_response
 
 

@@ -266,8 +266,8 @@ def test_a_followers_facades_send_every_call_to_the_leader(tmp_path):
     import grpc
     import httpx
 
-    from facades.deckard.generated import deckard_service_pb2 as pb
-    from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+    from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+    from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 
     cluster = Cluster(tmp_path, facades=True)
     cluster.start()

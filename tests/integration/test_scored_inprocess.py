@@ -14,10 +14,10 @@ import trio.lowlevel
 
 from boxqueue.config import load_config
 from boxqueue.process import Server
-from spaces.space import decode_tuple
-from storage.environment import StorageError
-from tubes.engine import QueueEngine
-from tubes.task import TUBE_LAYOUT, Task
+from boxqueue.spaces.space import decode_tuple
+from boxqueue.storage.environment import StorageError
+from boxqueue.tubes.engine import QueueEngine
+from boxqueue.tubes.task import TUBE_LAYOUT, Task
 
 
 @pytest.fixture

@@ -379,12 +379,12 @@ def test_serve_refuses_compiled_modules_older_than_their_sources(tmp_path, monke
     """What would run must be what the sources say (as the test suite itself checks)."""
     from boxqueue import cli
 
-    monkeypatch.setattr(cli, "stale_extensions", lambda built_here_only: ["tubes.engine_base"])
+    monkeypatch.setattr(cli, "stale_extensions", lambda built_here_only: ["boxqueue.tubes.engine_base"])
     cfg = tmp_path / "c.toml"
     cfg.write_text('data_dir = "d"\n')
     assert cli.main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert "older than their sources" in err and "tubes.engine_base" in err, err
+    assert "older than their sources" in err and "boxqueue.tubes.engine_base" in err, err
     assert not (tmp_path / "d").exists()  # refused before anything was opened
 
 

@@ -1,4 +1,4 @@
-"""Sonya's WebSocket listeners on their own sockets (facades/sonya/socket_listeners.py): fan-out to
+"""Sonya's WebSocket listeners on their own sockets (boxqueue/facades/sonya/socket_listeners.py): fan-out to
 hundreds of listeners without loss, duplicates or reordering, a lagging listener closed with 1008
 while the others get everything, the protocol details (pings, closes, protocol errors, handshake
 errors, permessage-deflate), and the upgrade that hypercorn still serves (after another request

@@ -1,4 +1,4 @@
-"""The PySpark data source (pipeline/) against the real server, in one local[2] Spark session."""
+"""The PySpark data source (boxqueue/pipeline/) against the real server, in one local[2] Spark session."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("pyspark")
 import tarantool
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 
-from pipeline.spark import PUSHDOWN_CONF, BoxqueueDataSource, register
+from boxqueue.pipeline.spark import PUSHDOWN_CONF, BoxqueueDataSource, register
 from tests.integration.spark_fixtures import PIPELINE_SPACES, java_missing, spark_session
 from tests.serverproc import ServerProcess, free_port
 
@@ -364,7 +364,7 @@ def test_datetime_is_read_as_the_utc_instant(spark, uri, conn):
 
 
 def test_examples_load_files_export_a_space_and_report_per_tube(spark, uri, conn, tmp_path):
-    from pipeline.examples import export_space, load_tube, tube_report
+    from boxqueue.pipeline.examples import export_space, load_tube, tube_report
 
     parquet = str(tmp_path / "tasks.parquet")
     csv = str(tmp_path / "tasks.csv")

@@ -56,9 +56,13 @@ def installed(tmp_path_factory) -> Path:
     [wheel] = wheels.glob("boxqueue-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith(".c")], "Cython's C sources are not shipped"
-    assert "facades/deckard/generated/deckard_service_pb2_grpc.py" in names
-    assert "boxqueue/boxqueue.toml" in names and "lua_box/box.lua" in names
-    assert any(n.startswith("iproto_server/dispatch.") and n.endswith(".so") for n in names)
+    assert "boxqueue/facades/deckard/generated/deckard_service_pb2_grpc.py" in names
+    assert "boxqueue/boxqueue.toml" in names and "boxqueue/lua_box/box.lua" in names
+    assert any(n.startswith("boxqueue/iproto/dispatch.") and n.endswith(".so") for n in names)
+    assert "boxqueue/metrics/dashboard/index.html" in names
+    # One import name in site-packages: every room is a subpackage of boxqueue.
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"boxqueue"}
+    print(f"wheel: {wheel.name}, {wheel.stat().st_size / 1e6:.1f} MB")
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=1800)

@@ -88,7 +88,7 @@ async def test_renew_extends_the_claim(running):
 
 async def test_storage_failure_is_503_and_the_server_keeps_serving(running, monkeypatch):
     """A failing commit cannot be caused for real here, so the committer is made to fail."""
-    from facades.zaqar.queues import StorageError
+    from boxqueue.facades.zaqar.queues import StorageError
 
     server, c = running
     committer = server.engine.committer

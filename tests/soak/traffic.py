@@ -28,8 +28,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from websockets.exceptions import ConnectionClosedOK
 from websockets.sync.client import connect as ws_connect
 
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 
 SOAK_SPACE = 512
 USER, PASSWORD = "soaker", "soak-secret"

@@ -3,9 +3,14 @@
 import msgpack
 import pytest
 
-from errcodes import ER, BoxError
-from iproto_server import codec
-from iproto_server.greeting import GREETING_SIZE, binary_greeting, console_greeting, parse_greeting
+from boxqueue.errcodes import ER, BoxError
+from boxqueue.iproto import codec
+from boxqueue.iproto.greeting import (
+    GREETING_SIZE,
+    binary_greeting,
+    console_greeting,
+    parse_greeting,
+)
 
 
 def frame(header, body=None, prefix="short"):
@@ -134,7 +139,7 @@ def test_error_response_carries_both_encodings():
 
 
 def test_access_denied_has_fields():
-    from errcodes import access_denied
+    from boxqueue.errcodes import access_denied
 
     body = msgpack.unpackb(codec.error_body(access_denied("Read", "space", "t", "bob")), strict_map_key=False)
     entry = body[0x52][0][0]

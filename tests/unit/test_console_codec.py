@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from iproto_server import console_codec as cc
-from iproto_server.console_yaml import EMPTY_DOCUMENT, error_document, values_document
-from spaces.msgpack_values import Raw, pack
+from boxqueue.iproto import console_codec as cc
+from boxqueue.iproto.console_yaml import EMPTY_DOCUMENT, error_document, values_document
+from boxqueue.spaces.msgpack_values import Raw, pack
 
 
 def events(decoder: cc.ConsoleDecoder) -> list[object]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from errcodes import ER, BoxError
-from facades.deckard.errors import InvalidArgument, Undecodable, status_for, tolerant
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.trio_bridge import BridgeClosed
-from storage.environment import StorageError
+from boxqueue.errcodes import ER, BoxError
+from boxqueue.facades.deckard.errors import InvalidArgument, Undecodable, status_for, tolerant
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.trio_bridge import BridgeClosed
+from boxqueue.storage.environment import StorageError
 
 
 def test_statuses():

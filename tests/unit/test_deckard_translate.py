@@ -8,12 +8,12 @@ import math
 import pytest
 from google.protobuf import any_pb2, wrappers_pb2
 
-from facades.deckard import translate
-from facades.deckard.errors import InvalidArgument
-from facades.deckard.generated import deckard_service_pb2 as pb
-from facades.deckard.translate import MAX_SCORE, TIMELESS_MS
-from spaces.msgpack_values import pack
-from tubes.task import READY, Task, encode_task
+from boxqueue.facades.deckard import translate
+from boxqueue.facades.deckard.errors import InvalidArgument
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.translate import MAX_SCORE, TIMELESS_MS
+from boxqueue.spaces.msgpack_values import pack
+from boxqueue.tubes.task import READY, Task, encode_task
 
 NOW = 1_700_000_000_000
 

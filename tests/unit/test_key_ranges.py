@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from pipeline.key_ranges import (
+from boxqueue.pipeline.key_ranges import (
     ITERATOR_ALL,
     ITERATOR_GE,
     ITERATOR_GT,

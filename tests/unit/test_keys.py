@@ -7,8 +7,8 @@ from fractions import Fraction
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spaces.msgpack_values import Datetime
-from storage import keys
+from boxqueue.spaces.msgpack_values import Datetime
+from boxqueue.storage import keys
 
 D = decimal.Decimal
 

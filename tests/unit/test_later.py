@@ -1,11 +1,11 @@
-"""spaces.later.Later: settled once, one consumer, maps in place, awaitable from trio."""
+"""boxqueue.spaces.later.Later: settled once, one consumer, maps in place, awaitable from trio."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from spaces.later import Later
+from boxqueue.spaces.later import Later
 
 
 def test_then_before_and_after_settling():

@@ -8,7 +8,7 @@ import threading
 import pytest
 import trio
 
-from storage.log_thread import LogThread
+from boxqueue.storage.log_thread import LogThread
 
 
 def test_calls_run_in_the_thread_in_order_and_errors_come_back() -> None:

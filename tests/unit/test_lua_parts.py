@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lua_box.operations import _lua_parts
+from boxqueue.lua_box.operations import _lua_parts
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,26 @@ from pathlib import Path
 import pytest
 
 from boxqueue.config import Address, ConfigError, MetricsConfig, load_config
-from measures import BATCH_BOUNDS, Histogram, RequestMeter
-from metrics.auth import credentials, verify
-from metrics.dashboard_data import select_tubes
-from metrics.tube_rows import oldest_ready_created
-from spaces import access as acl
-from tubes import recovery
-from tubes.kinds import BOX_QUEUE_KIND
-from tubes.task import BURIED, DONE, READY, TAKEN, Task
-from tubes.tube import ACKS, BURIES, DELETES, EXPIRIES, KICKS, PUTS, RELEASES, TAKES, Tube, tally_of
+from boxqueue.measures import BATCH_BOUNDS, Histogram, RequestMeter
+from boxqueue.metrics.auth import credentials, verify
+from boxqueue.metrics.dashboard_data import select_tubes
+from boxqueue.metrics.tube_rows import oldest_ready_created
+from boxqueue.spaces import access as acl
+from boxqueue.tubes import recovery
+from boxqueue.tubes.kinds import BOX_QUEUE_KIND
+from boxqueue.tubes.task import BURIED, DONE, READY, TAKEN, Task
+from boxqueue.tubes.tube import (
+    ACKS,
+    BURIES,
+    DELETES,
+    EXPIRIES,
+    KICKS,
+    PUTS,
+    RELEASES,
+    TAKES,
+    Tube,
+    tally_of,
+)
 
 
 def test_histogram_buckets_are_le_and_cumulative():
@@ -133,7 +144,7 @@ def test_recovery_progress_logs_counts_and_an_estimate(monkeypatch, caplog):
     monkeypatch.setattr(recovery, "LOG_EVERY_S", 0.0)
     progress = recovery.RecoveryProgress()
     assert progress.state == "waiting" and progress.fraction() == 0.0
-    with caplog.at_level(logging.INFO, logger="tubes.recovery"):
+    with caplog.at_level(logging.INFO, logger="boxqueue.tubes.recovery"):
         progress.begin(1000)
         progress.advance(250)
         assert progress.state == "recovering"
@@ -173,7 +184,7 @@ def test_shipped_config_serves_metrics_on_loopback():
 
 
 def test_rate_limit_allows_a_burst_per_window_and_counts_the_rest(monkeypatch):
-    import measures
+    from boxqueue import measures
 
     clock = [1000.0]
     monkeypatch.setattr(measures.time, "monotonic", lambda: clock[0])

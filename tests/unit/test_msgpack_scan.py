@@ -1,4 +1,4 @@
-"""spaces.msgpack_scan: offsets found by walking msgpack bytes agree with msgpack's own decoding,
+"""boxqueue.spaces.msgpack_scan: offsets found by walking msgpack bytes agree with msgpack's own decoding,
 and malformed arrays are refused; tubes.task's split and rettask built on it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spaces import msgpack_scan
-from tubes.task import TupleReader
+from boxqueue.spaces import msgpack_scan
+from boxqueue.tubes.task import TupleReader
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),

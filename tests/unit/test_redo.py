@@ -3,7 +3,7 @@
 import lmdb
 import pytest
 
-from storage import redo
+from boxqueue.storage import redo
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_an_undo_redo_txn_can_put_back_everything_its_group_changed(tmp_path):
     and a dropped and a created database all return to what they were."""
     import lmdb
 
-    from storage.redo import UndoRedoTxn, replay
+    from boxqueue.storage.redo import UndoRedoTxn, replay
 
     env = lmdb.open(str(tmp_path / "db"), max_dbs=16)
     names: dict = {None: None}

@@ -16,13 +16,13 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics.app import MetricsApp
-from metrics.collector import BoxqueueCollector
-from metrics.dashboard_data import Dashboard
-from metrics.observed import READY, RECOVERING, STARTING, Observed
-from replication.election import ElectionState
-from spaces import access as acl
-from spaces.write_gate import WriteGate
+from boxqueue.metrics.app import MetricsApp
+from boxqueue.metrics.collector import BoxqueueCollector
+from boxqueue.metrics.dashboard_data import Dashboard
+from boxqueue.metrics.observed import READY, RECOVERING, STARTING, Observed
+from boxqueue.replication.election import ElectionState
+from boxqueue.spaces import access as acl
+from boxqueue.spaces.write_gate import WriteGate
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 PEERS = ("n1", "n2", "n3")

@@ -1,4 +1,4 @@
-"""Pre-encoded WebSocket frames (facades/sonya/frames.py) against wsproto's own connections:
+"""Pre-encoded WebSocket frames (boxqueue/facades/sonya/frames.py) against wsproto's own connections:
 the frame made once per message is byte for byte what a wsproto server connection with the same
 negotiated extensions sends that listener, and a wsproto client reads it back."""
 
@@ -14,8 +14,8 @@ from wsproto.extensions import PerMessageDeflate
 from wsproto.handshake import client_extensions_handshake, server_extensions_handshake
 from wsproto.utilities import split_comma_header
 
-from facades.sonya.frames import FrameEncoder, accept_extensions
-from tubes.sequences import message
+from boxqueue.facades.sonya.frames import FrameEncoder, accept_extensions
+from boxqueue.tubes.sequences import message
 
 # What clients offer: none, browsers and the websockets library, window sizes, both takeovers.
 OFFERS = [

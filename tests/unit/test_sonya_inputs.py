@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from facades.sonya.inputs import BadInput, check_content_type, parse_send, parse_sequence
-from facades.sonya.tokens import Denied, Tokens, bearer
+from boxqueue.facades.sonya.inputs import BadInput, check_content_type, parse_send, parse_sequence
+from boxqueue.facades.sonya.tokens import Denied, Tokens, bearer
 
 
 @pytest.mark.parametrize("value", ["application/json", "application/json; charset=utf-8", "APPLICATION/JSON", "application/problem+json", "text/x+json"])

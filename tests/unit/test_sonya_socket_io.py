@@ -1,4 +1,4 @@
-"""The long-poll answers framed by hand (facades/sonya/socket_io.fast_response) are what h11
+"""The long-poll answers framed by hand (boxqueue/facades/sonya/socket_io.fast_response) are what h11
 frames for the same request and answer, and the keep-alive rule is h11's."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 import h11
 import pytest
 
-from facades.asgi_serving import responder
-from facades.sonya.app import denied_response, messages_response, not_found_response
-from facades.sonya.socket_io import fast_response, http_response, keep_alive
-from facades.sonya.tokens import Denied
-from tubes.sequences import message
+from boxqueue.facades.asgi_serving import responder
+from boxqueue.facades.sonya.app import denied_response, messages_response, not_found_response
+from boxqueue.facades.sonya.socket_io import fast_response, http_response, keep_alive
+from boxqueue.facades.sonya.tokens import Denied
+from boxqueue.tubes.sequences import message
 
 HEADS = [
     b"GET /queue/listen/longpoll/q/k?sequence=1 HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.lowlevel
 
-from facades.deckard.trio_bridge import BridgeClosed, TrioBridge
-from spaces.later import Later
+from boxqueue.facades.deckard.trio_bridge import BridgeClosed, TrioBridge
+from boxqueue.spaces.later import Later
 
 
 async def on_thread(fn):

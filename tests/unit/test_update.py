@@ -10,9 +10,9 @@ import uuid
 import msgpack
 import pytest
 
-from errcodes import BoxError
-from spaces.msgpack_values import PairsMap, pack, unpack
-from spaces.update import MAX_OPS, UpdateOp, apply_ops, parse_ops
+from boxqueue.errcodes import BoxError
+from boxqueue.spaces.msgpack_values import PairsMap, pack, unpack
+from boxqueue.spaces.update import MAX_OPS, UpdateOp, apply_ops, parse_ops
 
 D = decimal.Decimal
 

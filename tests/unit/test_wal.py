@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.wal import (
+from boxqueue.storage.wal import (
     FILE_MAGIC,
     HEADER_SIZE,
     LogReader,
@@ -169,7 +169,7 @@ def test_a_cut_back_append_leaves_no_fragment(tmp_path):
 
 
 def test_records_overwrite_zeros_written_ahead_and_a_closed_segment_is_cut_to_its_records(tmp_path):
-    from storage.wal import PREALLOCATE_BYTES
+    from boxqueue.storage.wal import PREALLOCATE_BYTES
 
     wal = WriteAheadLog(tmp_path, 1)
     first = tmp_path / segment_name(1)

@@ -12,9 +12,9 @@ import struct
 import pytest
 import trio
 
-from storage.commit import GroupCommitter
-from storage.environment import WAL_DIR, Storage, StorageError
-from storage.wal import FILE_MAGIC, HEADER_SIZE, list_segments
+from boxqueue.storage.commit import GroupCommitter
+from boxqueue.storage.environment import WAL_DIR, Storage, StorageError
+from boxqueue.storage.wal import FILE_MAGIC, HEADER_SIZE, list_segments
 
 
 class Rejected(Exception):

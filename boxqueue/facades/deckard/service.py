@@ -1,0 +1,225 @@
+"""The ten Deckard methods: requests to engine calls on the Deckard space, answers back (spec
+section 2, K1-K13). A queue is a tube of that space; the facade only translates.
+
+Handlers run on grpcio's pool threads. Everything that touches the engine goes through
+:class:`facades.deckard.trio_bridge.TrioBridge`, which runs it on trio and waits for its answer;
+request checks and message building stay on the pool thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+
+from boxqueue.facades.deckard import translate
+from boxqueue.facades.deckard.errors import answers_errors, tolerant
+from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.trio_bridge import TrioBridge
+from boxqueue.tubes.engine import QueueEngine
+from boxqueue.tubes.kinds import DECKARD
+from boxqueue.tubes.task import TAKEN
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # Deckard's receive and send limits
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DeckardService(pb_grpc.DeckardServicer):
+    """``blipai.deckard.Deckard`` over the tubes of one space."""
+
+    def __init__(
+        self, engine: QueueEngine, space_id: int, bridge: TrioBridge, *, default_ttl_minutes: int, allow_flush: bool
+    ) -> None:
+        self.engine = engine
+        self.space_id = space_id
+        self.bridge = bridge
+        self.default_ttl_minutes = default_ttl_minutes
+        self.allow_flush = allow_flush
+
+    def _engine(self, fn: Any, *args: Any) -> Any:
+        return self.bridge.call(fn, *args)
+
+    @answers_errors("error adding messages")
+    def Add(self, request: pb.AddRequest, context: grpc.ServicerContext) -> pb.AddResponse:
+        items = translate.new_messages(request, now_ms(), self.default_ttl_minutes)
+        if not items:
+            return pb.AddResponse()
+
+        def add() -> Any:  # a coroutine: the bridge awaits it on trio
+            now = float(now_ms())
+            return self.engine.upsert(self.space_id, [
+                (m.queue, m.id, translate.clamp_score(now if m.score is None else m.score), m.expires * 1000,
+                 m.attachments, m.data)
+                for m in items
+            ], kind=self.engine.kind_named(DECKARD))
+
+        created, updated = self._engine(add)
+        return pb.AddResponse(created_count=created, updated_count=updated)
+
+    @answers_errors("error pulling messages")
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        amount, low, high, deadline = translate.pull_bounds(request, now_ms())
+
+        def pull() -> Any:
+            return self.engine.take_many(self.space_id, request.queue, amount, deadline * 1000, low, high)
+
+        pulled = self._engine(pull)
+        messages = [translate.to_message(task, raw) for task, raw in pulled]
+        fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
+        if fits < len(messages):
+            # The answer would pass the 4 MiB send limit: the messages beyond it were never
+            # handed out, so they go back to the queue at once rather than wait for a deadline.
+            def untake() -> Any:
+                return self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
+
+            self._engine(untake)
+        return pb.PullResponse(messages=messages[:fits])
+
+    def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
+        translate.require(request.id, "id")
+        translate.require(request.queue, "queue")
+        score = translate.given_score(request.score)
+        if nack:
+            subtract = 0.0
+        else:
+            subtract = translate.given_score(request.score_subtract, "score_subtract") or 0.0
+        breakpoint = request.breakpoint
+
+        def diagnostics(attrs: dict[str, Any]) -> None:
+            translate.count_settle(attrs, nack=nack, breakpoint=breakpoint)
+
+        def settle() -> Any:
+            if request.removeMessage:
+                # Deckard acks, then removes, and answers success whatever the ack said: what
+                # the ack changed goes with the message, so removing is all there is to do.
+                return self.engine.remove(self.space_id, request.queue, [request.id]).map(
+                    lambda removed: (True, len(removed)))
+            task = self.engine.get(self.space_id, request.queue, request.id)
+            if task is None or task.status != TAKEN:
+                return False, None
+            if request.lock_ms > 0:
+                # Locked, then back with the score given, else the front (nack) or the back (ack).
+                unlock = translate.clamp_score(score) if score is not None else (0.0 if nack else None)
+                settling = self.engine.settle(self.space_id, request.queue, request.id, pri=None,
+                                              delay=request.lock_ms * 1000, unlock_pri=unlock, attrs=diagnostics)
+            else:
+                if score is not None:
+                    pri = translate.clamp_score(score)
+                else:
+                    pri = 0.0 if nack else translate.clamp_score(now_ms() - subtract)
+                settling = self.engine.settle(self.space_id, request.queue, request.id, pri=pri, attrs=diagnostics)
+            return settling.map(lambda success: (success, None))
+
+        success, removed = self._engine(settle)
+        if removed is None:
+            return pb.AckResponse(success=success)
+        return pb.AckResponse(
+            success=success, removal_response=pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
+        )
+
+    @answers_errors("error on message ACK")
+    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        return self._settle(request, nack=False)
+
+    @answers_errors("error on message NACK")
+    def Nack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        return self._settle(request, nack=True)
+
+    @answers_errors("error count messages")
+    def Count(self, request: pb.CountRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+        def count() -> int:
+            if not request.queue:  # K12: "" counts every queue
+                return sum(len(t.tasks) for t in self.engine.tubes_of(self.space_id))
+            tube = self.engine.existing_tube(self.space_id, request.queue)
+            return 0 if tube is None else len(tube.tasks)
+
+        return pb.CountResponse(count=self._engine(count))
+
+    @answers_errors("error removing messages from pool")
+    def Remove(self, request: pb.RemoveRequest, context: grpc.ServicerContext) -> pb.RemoveResponse:
+        if not request.ids:
+            return pb.RemoveResponse()
+
+        def remove() -> Any:
+            return self.engine.remove(self.space_id, request.queue, list(request.ids)).map(len)
+
+        removed = self._engine(remove)
+        return pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
+
+    @answers_errors("error to flush deckard")
+    def Flush(self, request: pb.FlushRequest, context: grpc.ServicerContext) -> pb.FlushResponse:
+        if not self.allow_flush:  # K9
+            return pb.FlushResponse(success=False)
+
+        async def flush() -> None:  # every queue of the Deckard space, nothing else
+            for tube in self.engine.tubes_of(self.space_id):
+                await self.engine.drop_tube(self.space_id, tube.name)
+
+        self._engine(flush)
+        return pb.FlushResponse(success=True)
+
+    @answers_errors("error getting message")
+    def GetById(self, request: pb.GetByIdRequest, context: grpc.ServicerContext) -> pb.GetByIdResponse:
+        translate.require(request.id, "id")
+        translate.require(request.queue, "queue")
+
+        def get() -> Any:
+            task = self.engine.get(self.space_id, request.queue, request.id)
+            if task is None or task.expires <= time.time_ns() // 1000:
+                return None
+            raw = self.engine.stored(self.engine.queue_space(self.space_id), task)
+            return None if raw is None else (task.copy(), raw)
+
+        found = self._engine(get)
+        if found is None:
+            return pb.GetByIdResponse(found=False)
+        message = translate.to_message(*found)
+        return pb.GetByIdResponse(
+            message=message, found=True, human_readable_payload=translate.human_readable(message.payload)
+        )
+
+    @answers_errors("error editing queue")
+    def EditQueue(self, request: pb.EditQueueRequest, context: grpc.ServicerContext) -> pb.EditQueueResponse:
+        if not request.HasField("configuration"):
+            return pb.EditQueueResponse(queue=request.queue, success=False)
+        max_elements = request.configuration.max_elements
+        if max_elements != 0:  # > 0 sets the limit, < 0 removes it, 0 changes nothing
+
+            def edit() -> Any:
+                return self.engine.set_limit(self.space_id, request.queue, max(max_elements, 0))
+
+            self._engine(edit)
+        return pb.EditQueueResponse(queue=request.queue, success=True)
+
+    @answers_errors("error getting queue configuration")
+    def GetQueue(self, request: pb.GetQueueRequest, context: grpc.ServicerContext) -> pb.GetQueueResponse:
+        def limit() -> int:
+            tube = self.engine.existing_tube(self.space_id, request.queue)
+            return 0 if tube is None else tube.limit
+
+        max_elements = self._engine(limit)
+        return pb.GetQueueResponse(
+            queue=request.queue, configuration=pb.QueueConfiguration(max_elements=max_elements)
+        )
+
+
+def deckard_handlers(service: DeckardService) -> grpc.GenericRpcHandler:
+    """The ten methods as gRPC handlers, built from the proto's service descriptor like the
+    generated ``add_DeckardServicer_to_server``, but with request decoding failures answered by
+    the handler (see :class:`facades.deckard.errors.Undecodable`)."""
+    descriptor = pb.DESCRIPTOR.services_by_name["Deckard"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(service, method.name),
+            request_deserializer=tolerant(request_type.FromString, method.input_type.full_name),
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)

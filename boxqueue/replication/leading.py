@@ -1,0 +1,75 @@
+"""What an incarnation serving as the leader adds to the single-node server.
+
+Before any write: the committer's records feed the relays' history (``committer.feed``) and the
+log keeps what followers still need (``committer.keep_from``); the iproto dispatcher hands
+JOIN and SUBSCRIBE connections to the relays. The first record of the term notes when the term
+began (the terms history, replicated like any data, which a follower's SUBSCRIBE is checked
+against). Once the listeners are up (followers can subscribe) and the start-up writes are done,
+writes wait for the quorum, if acknowledgement is synchronous. When the incarnation ends (the
+server stops, or this node no longer leads), client writes are refused at once and the groups
+still waiting for a quorum are taken back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgpack
+import trio
+
+from boxqueue.replication.history import History
+from boxqueue.replication.node import ReplicaNode
+from boxqueue.replication.quorum import Quorum
+from boxqueue.replication.relay import TERMS_DB, TERMS_KEY, Relays, read_terms
+from boxqueue.storage.commit import GroupCommitter
+from boxqueue.storage.environment import WAL_DIR, Storage
+
+
+def replicaset_uuid(prefix: str) -> str:
+    """The replica set's uuid: derived from its etcd prefix, so every member agrees on it."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "etcd:" + prefix))
+
+
+class Leading:
+    def __init__(self, node: ReplicaNode, storage: Storage, committer: GroupCommitter, dispatcher: Any) -> None:
+        self.node = node
+        self.storage = storage
+        self.committer = committer
+        self.dispatcher = dispatcher
+        rep = node.config
+        storage.term = node.state.term
+        self.history = History(storage.path / WAL_DIR, storage.lsn)
+        committer.feed = self.history.add
+        self.relays = node.relays = Relays(
+            storage, committer, self.history, node.replica_id, replicaset_uuid(rep.etcd.prefix), lambda: node.state.term,
+            rep.heartbeat_s, lambda: node.quorum,
+        )
+        committer.keep_from = self.relays.keep_from
+        dispatcher.replication = self.relays.serve
+
+    async def begin_term(self) -> None:
+        """The term's first record: when it began."""
+        storage = self.storage
+        await self.committer.open_db(TERMS_DB)
+        term, first = storage.term, storage.lsn + 1
+        terms = [pair for pair in read_terms(storage) if pair[0] < term] + [(term, first)]
+
+        def write(txn: Any) -> None:
+            txn.put(TERMS_KEY, msgpack.packb(terms), db=storage.db(TERMS_DB, txn=txn))
+
+        await self.committer.write(write)
+
+    async def start_quorum(self, nursery: trio.Nursery) -> None:
+        rep = self.node.config
+        if rep.synchro_quorum > 1:
+            quorum = self.node.quorum = Quorum(self.committer, rep.synchro_quorum, rep.synchro_timeout_s,
+                                               self.node.election.lease_valid)
+            self.committer.quorum = quorum
+            await nursery.start(quorum.run)
+
+    def end(self) -> None:
+        """No more client writes; what waits for a quorum is taken back."""
+        self.dispatcher.writes.set_read_only("no longer the leader")
+        if self.node.quorum is not None:
+            self.node.quorum.abandon()

@@ -1,0 +1,45 @@
+# C declarations of space.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+
+cimport boxqueue.storage.keys as keys
+cdef class Index:
+    cdef public object defn
+    cdef public object space
+    cdef public object iid
+    cdef public object name
+    cdef public bint is_hash
+    cdef public bint unique
+    cdef public object parts
+    cdef public tuple fieldnos
+    cdef Py_ssize_t _last_field
+    cdef public Py_ssize_t part_count
+    cdef public bint has_nullable
+    cdef tuple _accepts
+    cdef public object fast_key
+    cdef public object db
+
+
+cdef class Space
+
+
+cdef class _ReplaceOnly:
+    cdef Space space
+    cdef bytes pk_stored
+    cdef bytes raw
+
+
+cdef class Space:
+    cdef public object storage
+    cdef public object committer
+    cdef public dict indexes
+    cdef public dict index_by_name
+    cdef public bint dropped
+    cdef public object defn
+    cdef public object id
+    cdef public object name
+    cdef public dict field_names
+    cdef public Index primary
+    cdef public list secondaries
+    cdef public object owned_by
+    cdef list _checks
+
+    cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)

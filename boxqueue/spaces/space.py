@@ -1,0 +1,603 @@
+"""A data space: its tuples in LMDB, one named database per index.
+
+Layout of the databases (keys encoded by :mod:`boxqueue.storage.keys`, cut by ``stored_form``):
+
+* primary index: ``pk`` -> the tuple's msgpack bytes, exactly as the client sent them;
+* unique secondary index: ``key`` -> the primary entry's key;
+* non-unique secondary index (and a unique one whose key holds a null, since nulls never clash):
+  ``key + pk`` -> the primary entry's key. Equal keys are thus ordered by primary key, as in
+  Tarantool.
+
+Reads run on the event loop against the shared read transaction. Writes are prepared here (checks
+that need no data) and return a function of the write transaction for the group committer; that
+function checks what needs data (duplicates), then writes, so a rejected write writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cython
+import lmdb
+
+from boxqueue.errcodes import ER, BoxError
+from boxqueue.spaces import fieldtypes
+from boxqueue.spaces import iterators as it
+from boxqueue.spaces.definitions import IndexDef, SpaceDef
+from boxqueue.spaces.msgpack_values import pack, unpack
+from boxqueue.spaces.update import UpdateOp, apply_ops
+from boxqueue.storage import keys
+from boxqueue.storage import keys as key_encoding
+from boxqueue.storage.commit import GroupCommitter
+from boxqueue.storage.environment import Storage, StorageError
+
+__all__ = ["INSERT", "REPLACE", "Index", "IndexLookup", "Space", "StorageError", "decode_tuple"]
+
+log = logging.getLogger(__name__)
+
+INSERT = "insert"
+REPLACE = "replace"
+
+WriteFn = Callable[[lmdb.Transaction], Any]
+
+
+def decode_tuple(raw: bytes) -> list[Any]:
+    fields = unpack(raw)
+    if type(fields) is not list:
+        raise BoxError(ER.TUPLE_NOT_ARRAY)
+    return fields
+
+
+def _both(raw: bytes | None, fields: list[Any] | None) -> tuple[bytes, list[Any]]:
+    """A tuple as bytes and as values, computing whichever is missing."""
+    if raw is None:
+        if type(fields) is not list:
+            raise BoxError(ER.TUPLE_NOT_ARRAY)
+        return pack(fields), fields
+    return raw, decode_tuple(raw) if fields is None else fields
+
+
+_NIL_PART = keys.encode_part(None)
+
+# (Looked up on the module object: ``keys`` here is also the compiled module's C interface.)
+_FAST_KEYS: dict[str, Callable[[Any], bytes | None]] = {
+    fieldtypes.UNSIGNED: getattr(key_encoding, "encode_unsigned_key"),  # noqa: B009
+    fieldtypes.STRING: getattr(key_encoding, "encode_string_key"),  # noqa: B009
+}
+
+
+@cython.cclass
+class Index:
+    """One index of a space: key extraction, key checks and scans."""
+
+
+    def __init__(self, defn: IndexDef, space: Space) -> None:
+        self.defn = defn
+        self.space = space
+        self.iid = defn.iid
+        self.name = defn.name
+        self.is_hash = defn.type == "HASH"
+        self.unique = defn.unique
+        self.parts = defn.parts
+        self.fieldnos = tuple(p.field for p in defn.parts)
+        self._last_field = max(self.fieldnos)
+        self.part_count = len(defn.parts)
+        self.has_nullable = any(p.is_nullable for p in defn.parts)
+        self._accepts = tuple(fieldtypes.ACCEPTS[p.type] for p in defn.parts)
+        # For the commonest lookup, a unique one-part key: value -> stored key, or None to take
+        # the general path (which also validates).
+        self.fast_key = None
+        if self.unique and self.part_count == 1 and not self.has_nullable:
+            self.fast_key = _FAST_KEYS.get(defn.parts[0].type)
+        self.db = None
+
+    @cython.locals(n=cython.Py_ssize_t, f=cython.Py_ssize_t)
+    def key_of(self, fields: list[Any]) -> list[Any]:
+        n = len(fields)
+        return [fields[f] if f < n else None for f in self.fieldnos]
+
+    @cython.locals(n=cython.Py_ssize_t, f=cython.Py_ssize_t, parts=list)
+    def entry_key(self, fields: list[Any], pk_encoded: bytes) -> tuple[bytes, bool]:
+        """The full (uncut) key of this tuple's entry, and whether it is a unique-form entry."""
+        n = len(fields)
+        parts = []
+        for f in self.fieldnos:
+            parts.append(keys.encode_part(fields[f]) if f < n else _NIL_PART)  # absent: nil
+        encoded = b"".join(parts)
+        if self.iid == 0:
+            return encoded, True
+        if self.unique and not (self.has_nullable and self._has_nil(fields)):
+            return encoded, True
+        return encoded + pk_encoded, False
+
+    def _has_nil(self, fields: list[Any]) -> bool:
+        n = len(fields)
+        return any(f >= n or fields[f] is None for f in self.fieldnos)
+
+    def check_key(self, key: list[Any], exact: bool) -> None:
+        """Tarantool's key checks: part count (31, or 41/19 for exact matches), part types (18)."""
+        if exact:
+            if not self.unique:
+                raise BoxError(ER.MORE_THAN_ONE_TUPLE)
+            if len(key) != self.part_count:
+                raise BoxError(ER.EXACT_MATCH, self.part_count, len(key))
+        elif len(key) > self.part_count:
+            raise BoxError(ER.KEY_PART_COUNT, self.part_count, len(key))
+        for i, value in enumerate(key):
+            if value is None and self.parts[i].is_nullable:
+                continue
+            if not self._accepts[i](value):
+                raise BoxError(ER.KEY_PART_TYPE, i, self.parts[i].type)
+
+    def check_iterator(self, iterator: int, key: list[Any]) -> None:
+        """Tarantool's checks of a select, in its order (``box_select``, ``key_validate``): the
+        iterator type, then the key (part count, a partial key of a HASH index, part types), then
+        whether this index has such an iterator."""
+        if type(iterator) is not int or iterator < 0 or iterator > it.NEIGHBOR:
+            raise BoxError(ER.ILLEGAL_PARAMS, "Invalid iterator type")
+        # No key is fine for a TREE index, for ALL, and for a HASH index's GT (legacy).
+        if key or (self.is_hash and iterator != it.ALL and iterator != it.GT):
+            if len(key) > self.part_count:
+                raise BoxError(ER.KEY_PART_COUNT, self.part_count, len(key))
+            if self.is_hash and len(key) < self.part_count:
+                raise BoxError(ER.PARTIAL_KEY, "HASH", self.part_count, len(key))
+            self.check_key(key, exact=False)
+        allowed = it.HASH_ITERATORS if self.is_hash else it.TREE_ITERATORS
+        if iterator not in allowed:
+            raise BoxError(
+                ER.UNSUPPORTED_INDEX_FEATURE,
+                self.name,
+                self.defn.type,
+                self.space.name,
+                self.space.defn.engine,
+                "requested iterator type",
+            )
+
+
+def _index_by_id(indexes: dict[int, Index], iid: int, space_name: str) -> Index:
+    index = indexes.get(iid)
+    if index is None:
+        raise BoxError(ER.NO_SUCH_INDEX_ID, iid, space_name)
+    return index
+
+
+def _index_by_name(index_by_name: dict[str, Index], name: str, space_name: str) -> Index:
+    index = index_by_name.get(name)
+    if index is None:
+        raise BoxError(ER.NO_SUCH_INDEX_NAME, name, space_name)
+    return index
+
+
+class IndexLookup:
+    """Index lookups by id and by name, with Tarantool's errors (system views; :class:`Space`
+    has the same two methods)."""
+
+    name: str
+    indexes: dict[int, Index]
+    index_by_name: dict[str, Index]
+
+    def index(self, iid: int) -> Index:
+        return _index_by_id(self.indexes, iid, self.name)
+
+    def index_named(self, name: str) -> Index:
+        return _index_by_name(self.index_by_name, name, self.name)
+
+
+@cython.cclass
+class _ReplaceOnly:
+    """A REPLACE into a space with no secondary index: one put (a callable object rather than a
+    closure, which costs more to make on every write)."""
+
+    def __init__(self, space: Space, pk_stored: bytes, raw: bytes) -> None:
+        self.space = space
+        self.pk_stored = pk_stored
+        self.raw = raw
+
+    def __call__(self, txn: lmdb.Transaction) -> bytes:
+        self.space._check_alive()
+        txn.put(self.pk_stored, self.raw, True, True, False, self.space.primary.db)
+        return self.raw
+
+
+@cython.cclass
+class Space:
+    """Tuples of one user space, with their indexes."""
+
+
+    def __init__(
+        self,
+        defn: SpaceDef,
+        index_defs: list[IndexDef],
+        storage: Storage,
+        committer: GroupCommitter | None = None,
+        txn: lmdb.Transaction | None = None,
+    ) -> None:
+        self.storage = storage
+        self.committer = committer
+        self.indexes = {}
+        self.index_by_name = {}
+        self.dropped = False
+        self.owned_by = None  # a spaces.ownership.Owner: its data changes only through the engine
+        self.redefine(defn, index_defs, txn)
+
+    def index(self, iid: int) -> Index:
+        return _index_by_id(self.indexes, iid, self.name)
+
+    def index_named(self, name: str) -> Index:
+        return _index_by_name(self.index_by_name, name, self.name)
+
+    # -- definition -------------------------------------------------------------------------
+
+    def redefine(self, defn: SpaceDef, index_defs: list[IndexDef], txn: lmdb.Transaction | None = None) -> None:
+        old = self.indexes
+        self.defn = defn
+        self.id = defn.id
+        self.name = defn.name
+        self.field_names = {f.name: i for i, f in enumerate(defn.format)}
+        self.indexes = {}
+        self.index_by_name = {}
+        for idef in sorted(index_defs, key=lambda d: d.iid):
+            index = Index(idef, self)
+            previous = old.get(idef.iid)
+            if previous is not None and previous.defn.db_name == idef.db_name:
+                index.db = previous.db
+            else:
+                index.db = self.storage.db(idef.db_name.encode(), txn=txn)
+            self.indexes[idef.iid] = index
+            self.index_by_name[idef.name] = index
+        self.primary = self.indexes.get(0)
+        self.secondaries = [i for iid, i in self.indexes.items() if iid != 0]
+        self._checks = self._compile_checks()
+
+    def _compile_checks(self) -> list[tuple[int, Callable[[Any], bool], str, bool]]:
+        types: dict[int, tuple[str, bool]] = {}
+        for i, f in enumerate(self.defn.format):
+            types[i] = (f.type, f.is_nullable)
+        for index in self.indexes.values():
+            for part in index.parts:
+                declared = types.get(part.field)
+                if declared is None or declared[0] in (fieldtypes.ANY, fieldtypes.SCALAR):
+                    nullable = part.is_nullable if declared is None else declared[1] or part.is_nullable
+                    types[part.field] = (part.type, nullable)
+        return [
+            (no, fieldtypes.ACCEPTS[t], t, nullable)
+            for no, (t, nullable) in sorted(types.items())
+            if not (t == fieldtypes.ANY and nullable)
+        ]
+
+    def _primary(self) -> Index:
+        if self.primary is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, 0, self.name)
+        return self.primary
+
+    def check_tuple(self, fields: list[Any]) -> None:
+        """The space format and index part types (23 wrong type, 39 missing, 38 field count)."""
+        count = self.defn.field_count
+        if count and len(fields) != count:
+            raise BoxError(ER.EXACT_FIELD_COUNT, len(fields), count)
+        n = len(fields)
+        for fieldno, accepts, tname, nullable in self._checks:
+            if fieldno >= n:
+                if nullable:
+                    continue
+                raise BoxError(ER.FIELD_MISSING, fieldno + 1)
+            value = fields[fieldno]
+            if value is None and nullable:
+                continue
+            if not accepts(value):
+                raise BoxError(ER.FIELD_TYPE, fieldno + 1, tname)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    @cython.locals(index=Index)
+    def select(
+        self,
+        iid: int,
+        iterator: int,
+        key: list[Any],
+        offset: int = 0,
+        limit: int = 0xFFFFFFFF,
+        txn: lmdb.Transaction | None = None,
+    ) -> list[bytes]:
+        """Tuples (msgpack bytes) in index order."""
+        index = self.indexes.get(iid)
+        if index is None:
+            raise BoxError(ER.NO_SUCH_INDEX_ID, iid, self.name)
+        fast_key = index.fast_key
+        if fast_key is not None and iterator == 0 and len(key) == 1 and limit > 0 and not offset:
+            stored = fast_key(key[0])
+            if stored is not None:  # a well-typed unique key: one get
+                if txn is None:
+                    txn = self.storage.reader()
+                found = txn.get(stored, None, index.db)
+                if found is not None and index.iid != 0:
+                    found = txn.get(found, None, self.primary.db)
+                return [] if found is None else [found]
+        if iterator == it.EQ and index.unique and len(key) == index.part_count:
+            index.check_key(key, exact=False)
+            if None not in key:  # a unique lookup: one get, no cursor
+                if limit <= 0 or offset:
+                    return []
+                found = self._get(index, key, txn or self.storage.reader())
+                return [found] if found is not None else []
+        else:
+            index.check_iterator(iterator, key)
+            index.check_key(key, exact=False)
+        if limit <= 0:
+            return []
+        return it.page(self._iterate(index, iterator, key, txn or self.storage.reader()), offset, limit)
+
+    def get(self, iid: int, key: list[Any], txn: lmdb.Transaction | None = None) -> bytes | None:
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        return self._get(index, key, txn or self.storage.reader())
+
+    def pairs(self, iid: int, iterator: int, key: list[Any], txn: lmdb.Transaction | None = None) -> Iterator[bytes]:
+        """A lazy scan; the transaction must stay valid while it is consumed."""
+        index = self.index(iid)
+        index.check_iterator(iterator, key)
+        index.check_key(key, exact=False)
+        return self._iterate(index, iterator, key, txn or self.storage.reader())
+
+    def count(self, iid: int = 0, iterator: int = it.ALL, key: list[Any] | None = None) -> int:
+        key = key or []
+        if not key and iterator in (it.ALL, it.EQ, it.GE, it.LE, it.REQ):
+            return self.len()
+        return sum(1 for _ in self.pairs(iid, iterator, key))
+
+    def len(self, txn: lmdb.Transaction | None = None) -> int:
+        primary = self._primary()
+        txn = txn or self.storage.reader()
+        return txn.stat(primary.db)["entries"]
+
+    def _get(self, index: Index, key: list[Any], txn: lmdb.Transaction) -> bytes | None:
+        found = txn.get(keys.stored_form(keys.encode(key)), db=index.db)
+        if found is None or index.iid == 0:
+            return found
+        return txn.get(found, db=self._primary().db)
+
+    def _iterate(self, index: Index, iterator: int, key: list[Any], txn: lmdb.Transaction) -> Iterator[bytes]:
+        if index.is_hash and iterator == it.ALL:
+            key = []
+        primary_db = self._primary().db
+        prefix = keys.encode(key)
+        with txn.cursor(db=index.db) as cursor:
+            for _k, value in it.scan(cursor, iterator, prefix, self._true_key(index, txn)):
+                yield value if index.iid == 0 else txn.get(value, db=primary_db)
+
+    def _true_key(self, index: Index, txn: lmdb.Transaction) -> it.TrueKey:
+        primary = self._primary()
+
+        def true_key(_stored: bytes, value: bytes) -> bytes:
+            raw = value if index.iid == 0 else txn.get(value, db=primary.db)
+            fields = decode_tuple(raw)
+            pk = keys.encode(primary.key_of(fields))
+            return index.entry_key(fields, pk)[0]
+
+        return true_key
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _write(self, fn: WriteFn) -> Any:
+        if self.committer is None:
+            raise BoxError(ER.READONLY)
+        return await self.committer.write(fn)
+
+    async def insert(self, raw: bytes | None, fields: list[Any] | None = None) -> bytes:
+        raw, fields = _both(raw, fields)
+        return await self._write(self.prepare_put(raw, fields, INSERT))
+
+    async def replace(self, raw: bytes | None, fields: list[Any] | None = None) -> bytes:
+        raw, fields = _both(raw, fields)
+        return await self._write(self.prepare_put(raw, fields, REPLACE))
+
+    async def delete(self, iid: int, key: list[Any]) -> bytes | None:
+        return await self._write(self.prepare_delete(iid, key))
+
+    async def update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> bytes | None:
+        return await self._write(self.prepare_update(iid, key, ops))
+
+    async def upsert(self, raw: bytes | None, fields: list[Any] | None, ops: list[UpdateOp]) -> None:
+        raw, fields = _both(raw, fields)
+        await self._write(self.prepare_upsert(raw, fields, ops))
+
+    async def truncate(self) -> None:
+        await self._write(self.prepare_truncate())
+
+    # -- write preparation (each returns a function of the write transaction) ----------------
+
+    def prepare_put(self, raw: bytes, fields: list[Any], mode: str) -> WriteFn:
+        """INSERT or REPLACE of a tuple already decoded from ``raw``."""
+        primary = self._primary()
+        self.check_tuple(fields)
+        pk = keys.encode(primary.key_of(fields))
+        new_entries = self._entries(fields, pk)
+
+        if mode == REPLACE and not self.secondaries:
+            return _ReplaceOnly(self, new_entries[0][1], raw)
+
+        def write(txn: lmdb.Transaction) -> bytes:
+            self._check_alive()
+            pk_stored = new_entries[0][1]
+            old = txn.get(pk_stored, db=primary.db)
+            if old is not None and mode == INSERT:
+                raise BoxError(ER.TUPLE_FOUND, primary.name, self.name)
+            old_entries = None
+            if old is not None and self.secondaries:
+                old_entries = self._entries(decode_tuple(old), pk)
+            if self.secondaries:
+                self._check_unique(txn, new_entries, pk_stored, old_entries)
+            self._store(txn, raw, new_entries, old_entries)
+            return raw
+
+        return write
+
+    def prepare_delete(self, iid: int, key: list[Any]) -> WriteFn:
+        def delete(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
+            pk = keys.encode(self._primary().key_of(fields))
+            for index, stored, _unique in self._entries(fields, pk):
+                txn.delete(stored, db=index.db)
+            return raw
+
+        return self._prepare_by_key(iid, key, delete)
+
+    def prepare_update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> WriteFn:
+        def update(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
+            return self._apply_update(txn, pk_stored, fields, ops)
+
+        return self._prepare_by_key(iid, key, update)
+
+    def prepare_transform(self, key: list[Any], transform: Callable[[bytes], bytes]) -> WriteFn:
+        """Read-modify-write by primary key: ``transform(stored tuple) -> new tuple`` runs inside
+        the write transaction, so it sees every write queued before it. The new tuple is checked
+        like any replace (format, unique indexes, unchanged primary key). ``None`` if no tuple."""
+
+        def rewrite(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
+            primary = self._primary()
+            new_raw = transform(raw)
+            new_fields = decode_tuple(new_raw)
+            pk = keys.encode(primary.key_of(new_fields))
+            if keys.stored_form(pk) != pk_stored:
+                raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+            self.check_tuple(new_fields)
+            new_entries = self._entries(new_fields, pk)
+            old_entries = self._entries(fields, pk)
+            self._check_unique(txn, new_entries, pk_stored, old_entries)
+            self._store(txn, new_raw, new_entries, old_entries)
+            return new_raw
+
+        return self._prepare_by_key(0, key, rewrite)
+
+    def _prepare_by_key(self, iid: int, key: list[Any], action: Callable[..., bytes]) -> WriteFn:
+        """A write on the tuple a full unique key names; ``None`` when there is none."""
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        encoded = keys.encode(key)
+
+        def write(txn: lmdb.Transaction) -> bytes | None:
+            self._check_alive()
+            found = self._find(txn, index, encoded)
+            return None if found is None else action(txn, *found)
+
+        return write
+
+    def prepare_upsert(self, raw: bytes, fields: list[Any], ops: list[UpdateOp]) -> WriteFn:
+        """UPSERT: insert ``raw`` when its primary key is new, else apply ``ops``. As in
+        Tarantool, a failing op is skipped, and a result that changes the primary key or breaks
+        the format leaves the tuple as it was; neither is reported to the client."""
+        primary = self._primary()
+        self.check_tuple(fields)
+        pk = keys.encode(primary.key_of(fields))
+        new_entries = self._entries(fields, pk)
+
+        def write(txn: lmdb.Transaction) -> None:
+            self._check_alive()
+            pk_stored = new_entries[0][1]
+            old = txn.get(pk_stored, db=primary.db)
+            if old is None:
+                self._check_unique(txn, new_entries, pk_stored)
+                self._store(txn, raw, new_entries, None)
+                return None
+            try:
+                self._apply_update(txn, pk_stored, decode_tuple(old), ops, skip_errors=True)
+            except BoxError as exc:
+                log.info("upsert into space '%s' left the tuple unchanged: %s", self.name, exc.message)
+            return None
+
+        return write
+
+    def prepare_truncate(self) -> WriteFn:
+        def write(txn: lmdb.Transaction) -> None:
+            for index in self.indexes.values():
+                txn.drop(index.db, delete=False)
+
+        return write
+
+    # -- write internals (run in the committer) ----------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.dropped:
+            raise BoxError(ER.NO_SUCH_SPACE, self.name)
+
+    def _entries(self, fields: list[Any], pk: bytes) -> list[tuple[Index, bytes, bool]]:
+        """Each index's entry for this tuple, primary first; ``pk`` is its encoded primary key."""
+        stored_form = keys.stored_form
+        out = [(self.primary, stored_form(pk), True)]
+        for index in self.secondaries:
+            full, unique_form = index.entry_key(fields, pk)
+            out.append((index, stored_form(full), unique_form))
+        return out
+
+    def _find(self, txn: lmdb.Transaction, index: Index, encoded: bytes) -> tuple[bytes, bytes, list[Any]] | None:
+        stored = keys.stored_form(encoded)
+        primary_db = self._primary().db
+        if index.iid == 0:
+            raw = txn.get(stored, db=primary_db)
+            pk_stored = stored
+        else:
+            pk_stored = txn.get(stored, db=index.db)
+            raw = txn.get(pk_stored, db=primary_db) if pk_stored is not None else None
+        if raw is None:
+            return None
+        return pk_stored, raw, decode_tuple(raw)
+
+    def _apply_update(
+        self,
+        txn: lmdb.Transaction,
+        pk_stored: bytes,
+        fields: list[Any],
+        ops: list[UpdateOp],
+        skip_errors: bool = False,
+    ) -> bytes:
+        primary = self._primary()
+        new_fields = apply_ops(fields, ops, self.field_names, skip_errors=skip_errors)
+        pk = keys.encode(primary.key_of(fields))
+        if keys.encode(primary.key_of(new_fields)) != pk:
+            raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+        self.check_tuple(new_fields)
+        raw = pack(new_fields)
+        new_entries = self._entries(new_fields, pk)
+        old_entries = self._entries(fields, pk)
+        self._check_unique(txn, new_entries, pk_stored, old_entries)
+        self._store(txn, raw, new_entries, old_entries)
+        return raw
+
+    @cython.locals(i=cython.Py_ssize_t)
+    def _check_unique(
+        self,
+        txn: lmdb.Transaction,
+        entries: list[tuple[Index, bytes, bool]],
+        pk_stored: bytes,
+        old_entries: list[tuple[Index, bytes, bool]] | None = None,
+    ) -> None:
+        """No other tuple holds a unique key of ``entries`` (keys the tuple already had are
+        skipped: they are its own)."""
+        for i in range(1, len(entries)):
+            index, stored, unique_form = entries[i]
+            if not unique_form or (old_entries is not None and old_entries[i][1] == stored):
+                continue
+            holder = txn.get(stored, None, index.db)
+            if holder is not None and holder != pk_stored:
+                raise BoxError(ER.TUPLE_FOUND, index.name, self.name)
+
+    @cython.locals(i=cython.Py_ssize_t)
+    def _store(
+        self,
+        txn: lmdb.Transaction,
+        raw: bytes,
+        new_entries: list[tuple[Index, bytes, bool]],
+        old_entries: list[tuple[Index, bytes, bool]] | None,
+    ) -> None:
+        """Write the tuple and its index entries; an entry that did not change is left as it is."""
+        pk_stored = new_entries[0][1]
+        txn.put(pk_stored, raw, True, True, False, new_entries[0][0].db)
+        for i in range(1, len(new_entries)):
+            index, stored, _unique = new_entries[i]
+            if old_entries is not None:
+                old_key = old_entries[i][1]
+                if old_key == stored:
+                    continue
+                txn.delete(old_key, b"", index.db)
+            txn.put(stored, pk_stored, True, True, False, index.db)

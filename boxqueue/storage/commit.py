@@ -1,0 +1,622 @@
+"""Group commit: many concurrent writes, one LMDB transaction, one flush.
+
+A write is a function of the write transaction. :meth:`GroupCommitter.write` (or :meth:`submit`,
+with a callback) queues it; the committer task takes everything queued, runs it in one transaction
+on the event loop and commits. A reply is sent only once the commit holding its write is durable
+as the mode says, and readers see a group only then (:meth:`Storage.committed`).
+
+In ``fsync`` mode the write functions get a :class:`storage.redo.RedoTxn`, which notes every
+change; the group's changes become one record of the write-ahead log (:mod:`boxqueue.storage.wal`). A
+thread of its own (:mod:`boxqueue.storage.log_thread`) appends the record and commits LMDB (without
+flushing it); then the log is flushed with one ``fdatasync`` in that thread while the event loop keeps serving reads and applies the
+next batch, so the batch grows with the load and one flush covers many writes. A background checkpoint (:meth:`checkpoint`)
+switches the log to a new segment, flushes LMDB and deletes the segments LMDB now holds. In
+``write`` and ``none`` modes there is no log and no flush: the commit runs on the event loop.
+
+The transaction is begun on the event loop thread and committed in a worker thread. LMDB's own
+writer lock would forbid that (a mutex must be released by the thread that took it), so the
+environment is opened without LMDB's locks and :class:`storage.environment.Storage` guarantees
+what they guaranteed: one writer (this committer) and one process (a lock file).
+
+A write either completes or raises one of the ``rejections`` given to the committer, in which case
+it must have written nothing (it validates before it writes). Any other exception means a write
+may be half done, so the whole batch is rolled back and each write is run again in a transaction
+of its own: the faulty one fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import lmdb
+import trio
+
+from boxqueue.measures import BATCH_BOUNDS, Histogram
+from boxqueue.storage import redo
+from boxqueue.storage.environment import Storage, StorageError
+from boxqueue.storage.log_thread import LogThread
+from boxqueue.storage.redo import RedoTxn, UndoRedoTxn
+from boxqueue.storage.wal import encode_record
+from boxqueue.storage.write_queue import Done, Write, WriteQueue
+
+log = logging.getLogger(__name__)
+
+WriteFn = Callable[[lmdb.Transaction], Any]
+__all__ = ["Done", "GroupCommitter", "WriteFn"]
+
+
+class GroupCommitter:
+    """Runs queued writes in shared transactions; owned by the server's nursery (:meth:`run`),
+    which also owns the checkpoints of the write-ahead log."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        rejections: tuple[type[BaseException], ...] = (),
+        max_batch: int = 4096,
+    ) -> None:
+        self._storage = storage
+        self._rejections = rejections
+        self._max_batch = max_batch
+        self._queue = WriteQueue(rejections)
+        # ``submit(fn, done, *, after_commit=None, exclusive=False)``: queue ``fn`` without
+        # waiting; ``done(result, error)`` runs on the event loop once the commit holding it
+        # returns (StorageError once the committer has stopped). This is what the iproto
+        # connection and the engine use, so a write costs no task of its own, and no Python
+        # frame: it is the compiled queue's own method.
+        self.submit: Callable[..., None] = self._queue.submit
+        self._log = storage.log
+        self._log_thread = LogThread()  # appends and flushes each group (fsync mode)
+        self._names = storage.names
+        # Held from a group's append until it is flushed and answered, or by a checkpoint's
+        # switch of segments (a semaphore: the flusher task releases what the committer took).
+        self._log_free = trio.Semaphore(1)
+        self._flushing: tuple[Any, ...] | None = None  # the group handed to the flusher
+        self._flush_wanted = trio.Event()
+        self._checkpoint_due = trio.Event()
+        self._checkpointed_lsn = storage.lsn
+        self._broken: StorageError | None = None
+        self.batches = 0
+        self.writes = 0
+        self.checkpoints = 0
+        self.batch_sizes = Histogram(BATCH_BOUNDS)  # writes per commit
+        self.commit_seconds = Histogram()  # from a batch's start to its answer (the log's flush included)
+        # -- replication (the ``replication`` room sets these) --
+        # Called on the event loop with (lsn, term, payload) of each logged record once LMDB has
+        # it (before its flush): what a leader streams to its followers.
+        self.feed: Callable[[int, int, bytes], None] | None = None
+        # A leader waiting for a quorum: told of each of its own groups once durable here
+        # (``durable(lsn)``); it answers with :meth:`confirm` or :meth:`roll_back`. Groups wait
+        # in ``_awaiting`` meanwhile, with what undoes them.
+        self.quorum: Any = None
+        self._awaiting: deque[tuple[int, list[Write], float, list[Any]]] = deque()
+        self._rollback: Callable[[bool], BaseException] | None = None
+        # The lowest LSN the log must keep for followers that are behind (None: no need).
+        self.keep_from: Callable[[], int | None] | None = None
+
+    def refuse_writes(self, error: Callable[[], BaseException] | None) -> None:
+        """From now on :meth:`submit` (and so :meth:`write`) raises ``error()`` at once, before
+        anything is queued; None: writes are taken again. A follower of a replica set refuses
+        every write this way, below every caller; its replication applier writes through
+        :meth:`submit_replicated`, which is never refused."""
+        if error is None:
+            self.submit = self._queue.submit
+            return
+
+        def refused(fn: WriteFn, done: Done, *, after_commit: Callable[[Any], None] | None = None,
+                    exclusive: bool = False) -> None:
+            raise error()
+
+        self.submit = refused
+
+    @property
+    def refusing(self) -> bool:
+        return self.submit is not self._queue.submit
+
+    def submit_replicated(self, lsn: int, term: int, payload: bytes, done: Done) -> None:
+        """Queue a record received from the leader: applied and logged alone, as record ``lsn`` of
+        ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable."""
+        ops = redo.decode(payload)
+        storage = self._storage
+
+        def apply(txn: RedoTxn) -> None:
+            # Into the bare transaction: the record is logged as it came, not noted again.
+            redo.replay(txn.txn, ops, storage.open_logged, storage.forget_db)
+
+        self._queue.submit_special(apply, done, lsn, term, False, payload)
+
+    async def reset_log(self, lsn: int, term: int) -> None:
+        """After a fresh copy (see :meth:`storage.environment.Storage.reset_log`), between groups."""
+        async with self._log_free if self._log is not None else _nothing():
+            await trio.to_thread.run_sync(self._storage.reset_log, lsn, term)
+            self._log = self._storage.log
+            self._checkpointed_lsn = lsn
+
+    async def write_local(self, fn: WriteFn) -> Any:
+        """:meth:`submit_local`, awaited: ``fn``'s result once it is flushed."""
+        waiter = trio.lowlevel.current_task()
+        outcome: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            outcome.extend((result, error))
+            trio.lowlevel.reschedule(waiter)
+
+        self.submit_local(fn, done)
+        await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
+    async def open_db(self, name: bytes) -> Any:
+        """The handle of the named database ``name`` if it exists (opened in a write transaction
+        of its own, which LMDB needs for a handle to outlive it), else None."""
+        handle = self._storage.existing_db(name)
+        if handle is not None:
+            return handle
+        storage = self._storage
+
+        def open_existing(txn: lmdb.Transaction) -> Any:
+            try:
+                return storage.db(name, txn=txn, create=False)
+            except lmdb.NotFoundError:
+                return None
+
+        return await self.write_local(open_existing)
+
+    def submit_local(self, fn: WriteFn, done: Done) -> None:
+        """Queue a write of this node's own metadata (not replicated, not in the log): committed
+        alone and LMDB flushed before ``done``; taken even while client writes are refused."""
+        self._queue.submit_special(fn, done, 0, 0, True)
+
+    # -- a leader's quorum -------------------------------------------------------------------
+
+    def confirm(self, lsn: int) -> None:
+        """A quorum holds every group up to ``lsn``: answer them."""
+        awaiting = self._awaiting
+        while awaiting and awaiting[0][0] <= lsn:
+            _lsn, batch, started, _undo = awaiting.popleft()
+            self._finish(batch, started)
+
+    @property
+    def awaiting(self) -> int:
+        """Groups committed here that wait for a quorum."""
+        return len(self._awaiting)
+
+    def oldest_awaiting(self) -> int | None:
+        return self._awaiting[0][0] if self._awaiting else None
+
+    def roll_back(self, error: Callable[[bool], BaseException]) -> None:
+        """No quorum confirmed the waiting groups in time (or this node stopped leading): take
+        them all back with one record of their undo operations, and fail their writes with
+        ``error(first)`` (``first``: the writes of the oldest group). Done by the commit loop
+        before its next group."""
+        if self._awaiting and self._rollback is None:
+            self._rollback = error
+            wakeup = self._queue.wakeup
+            if wakeup is not None:
+                self._queue.wakeup = None
+                wakeup.set()
+
+    async def write(
+        self,
+        fn: WriteFn,
+        *,
+        after_commit: Callable[[Any], None] | None = None,
+        exclusive: bool = False,
+    ) -> Any:
+        """Run ``fn(txn)`` in the next batch; return its result once it is durable.
+
+        ``after_commit(result)`` runs on the event loop right after the commit, in commit order,
+        before any writer is woken. ``exclusive`` writes (schema changes) get a batch of their own.
+        Cancelling the caller does not withdraw a queued write.
+        """
+        waiter = trio.lowlevel.current_task()
+        outcome: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            outcome.extend((result, error))
+            trio.lowlevel.reschedule(waiter)
+
+        self.submit(fn, done, after_commit=after_commit, exclusive=exclusive)
+        # An uncancellable wait (the write happens anyway, and callers rely on hearing how it
+        # went), without the cost of a shielded cancel scope on every write.
+        await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
+        result, error = outcome
+        if error is not None:
+            raise error
+        return result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            if self._log is not None:
+                # What was written before the committer ran (the catalogue's start-up writes)
+                # went to LMDB unlogged: flush it before any logged group depends on it.
+                await trio.to_thread.run_sync(self._storage.sync)
+                await nursery.start(self._log_thread.run)
+                nursery.start_soon(self._flusher)
+                nursery.start_soon(self._checkpoints)
+            task_status.started()
+            try:
+                await self._commit_loop()
+            finally:
+                self._stop_flusher()
+                nursery.cancel_scope.cancel()
+                log.info(
+                    "group commit: %d writes in %d groups, %d checkpoints", self.writes, self.batches, self.checkpoints
+                )
+
+    async def _commit_loop(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                if self._rollback is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._roll_back()
+                if not queue.pending:
+                    wakeup = queue.wakeup = trio.Event()
+                    await wakeup.wait()
+                    continue
+                batch = queue.next_batch(self._max_batch)
+                with trio.CancelScope(shield=True):
+                    await self._commit(batch)
+        finally:
+            queue.closed = True
+            queue.wakeup = None
+            with trio.CancelScope(shield=True):
+                while queue.pending:
+                    await self._commit(queue.next_batch(self._max_batch))
+                if self._log is not None:  # the last group's flush and replies
+                    async with self._log_free:
+                        pass
+                # What still waits for a quorum is not acknowledged: the writers hear so.
+                while self._awaiting:
+                    _lsn, batch, started, _undo = self._awaiting.pop()
+                    for item in batch:
+                        item.error = StorageError("the server stopped before a quorum confirmed the write")
+                    self._finish(list(reversed(batch)), started)
+
+    async def _commit(self, batch: list[Write]) -> None:
+        """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
+        started = time.perf_counter()
+        try:
+            if self._broken is not None:
+                raise self._broken
+            first = batch[0]
+            if first.local:
+                await self._commit_local(first)
+            else:
+                txn = self._apply(batch)
+                if txn is None:
+                    batch = await self._one_by_one(batch, started)
+                elif type(txn) is not RedoTxn and type(txn) is not UndoRedoTxn:
+                    self._commit_unlogged(txn)
+                elif await self._log_group(txn, batch, started, forced=first.lsn != 0):
+                    return
+        except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
+            for item in batch:
+                if item.error is None:
+                    item.error = _as_storage_error(exc)
+        self._finish(batch, started)
+
+    def _finish(self, batch: list[Write], started: float) -> None:
+        """The batch is durable (or failed): readers see it, hooks run, writers are answered."""
+        self._storage.committed()
+        self.batches += 1
+        self.writes += len(batch)
+        self.batch_sizes.observe(len(batch))
+        self.commit_seconds.observe(time.perf_counter() - started)
+        self._queue.finish(batch)
+
+    def _begin(self) -> Any:
+        """A write transaction: a redo-noting one when there is a log, which also keeps what
+        undoes it while a quorum must confirm it."""
+        txn = self._storage.env.begin(write=True)
+        if self._log is None:
+            return txn
+        return RedoTxn(txn, self._names) if self.quorum is None else UndoRedoTxn(txn, self._names)
+
+    async def _commit_local(self, item: Write) -> None:
+        """This node's own metadata: unlogged, committed and flushed alone."""
+        txn = self._storage.env.begin(write=True)
+        try:
+            item.result = item.fn(txn)
+        except BaseException as exc:
+            self._abort(txn)
+            item.error = _as_storage_error(exc)
+            return
+        async with self._log_free if self._log is not None else _nothing():
+            self._commit_unlogged(txn)
+            await trio.to_thread.run_sync(self._storage.sync)
+
+    def _apply(self, batch: list[Write]) -> Any:
+        """Run the batch in a new transaction; None if a write failed half-way (rolled back)."""
+        txn = self._begin()
+        if not self._queue.apply(txn, batch):
+            self._abort(txn)
+            return None
+        return txn
+
+    # -- the logged path (fsync mode) ----------------------------------------------------------
+    #
+    # A group goes through three steps: applied on the event loop (its RedoTxn); then, in one
+    # worker thread call made by the flusher task, appended to the log and committed to LMDB
+    # (without flushing LMDB), and the log flushed. As soon as LMDB has the group the thread
+    # tells the event loop (``committed``), which applies the next batch while the flush
+    # runs. The next group's append waits for that flush and the replies (``_log_free``), so
+    # groups are answered in order, and readers, which move on only when a group is answered,
+    # never see a group that is not on disk. A checkpoint's switch of segments takes
+    # ``_log_free`` too.
+
+    async def _log_group(
+        self, txn: RedoTxn, batch: list[Write], started: float = 0.0, *, alone: bool = False,
+        forced: bool = False,
+    ) -> bool:
+        """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
+        flusher answers it. ``alone``: append, commit and flush here, and let the caller answer.
+        ``forced``: records received from the leader, which keep their LSNs and terms."""
+        raw = txn.txn
+        if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
+            async with self._log_free:
+                self._commit_unlogged(raw)
+            return False
+        lsn = self._storage.lsn + 1
+        fed: list[tuple[int, int, bytes]]
+        if forced:  # records from the leader, logged as they came, one after the other
+            fed = []
+            for item in batch:
+                if item.lsn != lsn:
+                    self._abort(raw)
+                    raise StorageError(f"replicated record {item.lsn} does not follow this log's last record {lsn - 1}")
+                assert item.payload is not None  # a replicated record's, set by submit_replicated
+                fed.append((lsn, item.term, item.payload))
+                lsn += 1
+            lsn -= 1
+            record = b"".join([encode_record(one_lsn, payload, one_term) for one_lsn, one_term, payload in fed])
+        else:
+            payload = txn.encode()
+            fed = [(lsn, self._storage.term, payload)]
+            record = encode_record(lsn, payload, self._storage.term)
+        term = fed[-1][1]
+        self._storage.note_lsn(raw, lsn, term)
+        await self._log_free.acquire()
+        if self._broken is not None:
+            self._log_free.release()
+            self._abort(raw)
+            raise self._broken
+        if alone:
+            try:
+                await self._log_thread.call(self._write_group, raw, record, lsn, None)
+            finally:
+                self._log_free.release()
+            self._fed(fed)
+            return False
+        committed = trio.Event()
+        undo = txn.undo_ops() if type(txn) is UndoRedoTxn and not forced else None
+        self._flushing = (raw, record, lsn, batch, committed, started, fed, undo)
+        self._flush_wanted.set()
+        await committed.wait()
+        return True
+
+    def _fed(self, records: list[tuple[int, int, bytes]]) -> None:
+        """Tell the replication feed of a group's records: (lsn, term, payload) each."""
+        if self.feed is not None:
+            for lsn, term, payload in records:
+                try:
+                    self.feed(lsn, term, payload)
+                except Exception:
+                    log.exception("the replication feed failed on record %d", lsn)
+
+    def _write_group(
+        self, raw: lmdb.Transaction, record: bytes, lsn: int, committed: Callable[[], None] | None
+    ) -> None:
+        """In a worker thread: write the record, commit LMDB, say so (``committed``, which must
+        be safe to call from a thread), flush the log. A group that fails to commit takes its
+        record back out."""
+        wal = self._log
+        assert wal is not None  # only groups of a logged mode are written
+        start = wal.size
+        try:
+            wal.append(record)
+        except OSError as exc:
+            self._abort(raw)
+            raise StorageError(f"cannot write the write-ahead log: {exc}") from exc
+        try:
+            raw.commit()
+            self._storage.txn_ended(True)
+        except lmdb.Error as exc:
+            self._storage.txn_ended(False)
+            try:
+                wal.cut_back(start)
+            except OSError as cut:
+                self._broken = StorageError(f"cannot take a failed group out of the write-ahead log: {cut}")
+            raise StorageError(f"commit failed: {exc}") from exc
+        self._storage.lsn = lsn
+        if committed is not None:
+            committed()
+        try:
+            wal.sync()
+        except OSError as exc:
+            # Whether the record reached the disk is unknown, and LMDB already holds the group:
+            # no later write may be acknowledged on top of that (as PostgreSQL, stop writing).
+            self._broken = StorageError(f"the write-ahead log could not be flushed ({exc}); restart the server")
+            raise self._broken from exc
+
+    async def _flusher(self) -> None:
+        """Writes, commits and flushes each group handed to it, then answers it. Shielded: it
+        stops when the commit loop says so (:meth:`_stop_flusher`), after its last group."""
+        token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope(shield=True):
+            while True:
+                await self._flush_wanted.wait()
+                self._flush_wanted = trio.Event()
+                group = self._flushing
+                self._flushing = None
+                if group is None:
+                    return
+                raw, record, lsn, batch, committed, started, fed, undo = group
+
+                def in_lmdb(committed: trio.Event = committed, fed: list[tuple[int, int, bytes]] = fed) -> None:
+                    committed.set()
+                    self._fed(fed)  # followers get it while it is flushed here
+
+                failed = False
+                try:
+                    await self._log_thread.call(
+                        self._write_group, raw, record, lsn, lambda: token.run_sync_soon(in_lmdb)
+                    )
+                except BaseException as exc:
+                    failed = True
+                    for item in batch:
+                        if item.error is None:
+                            item.error = _as_storage_error(exc)
+                committed.set()  # (already, unless the group failed before LMDB had it)
+                if undo is not None and not failed and self.quorum is not None:
+                    self._awaiting.append((lsn, batch, started, undo))
+                    self.quorum.durable(lsn)
+                else:
+                    self._finish(batch, started)
+                self._log_free.release()
+                if self._log is not None and self._log.size >= self._storage.checkpoint_bytes:
+                    self._checkpoint_due.set()
+
+    def _stop_flusher(self) -> None:
+        self._flushing = None
+        self._flush_wanted.set()
+
+    async def _one_by_one(self, batch: list[Write], started: float) -> list[Write]:
+        """Each write of a batch that failed half-way in a group of its own; returns the writes
+        to answer now (a leader's logged ones wait for its quorum instead)."""
+        answer_now = []
+        for item in batch:
+            item.result = item.error = None
+            txn = self._begin()
+            try:
+                item.result = item.fn(txn)
+            except self._rejections as exc:
+                item.error = exc
+                self._abort(txn)
+                answer_now.append(item)
+                continue
+            except Exception as exc:
+                item.error = _as_storage_error(exc)
+                self._abort(txn)
+                answer_now.append(item)
+                continue
+            try:
+                if type(txn) is RedoTxn or type(txn) is UndoRedoTxn:
+                    before = self._storage.lsn
+                    await self._log_group(txn, [item], alone=True, forced=item.lsn != 0)
+                    if type(txn) is UndoRedoTxn and self.quorum is not None and self._storage.lsn > before:
+                        self._awaiting.append((self._storage.lsn, [item], started, txn.undo_ops()))
+                        self.quorum.durable(self._storage.lsn)
+                        continue
+                else:
+                    self._commit_unlogged(txn)
+            except StorageError as exc:
+                item.error = exc
+            answer_now.append(item)
+        return answer_now
+
+    async def _roll_back(self) -> None:
+        """See :meth:`roll_back`: one record of the waiting groups' undo operations (last group
+        first), then their writes fail, last first, so that each writer's own undo (the engine
+        puts its memory back) sees the state its write left."""
+        error = self._rollback
+        self._rollback = None
+        async with self._log_free:  # the group being flushed, if any, is awaiting once this returns
+            pass
+        awaiting = list(self._awaiting)
+        self._awaiting.clear()
+        if not awaiting or error is None:
+            return
+        txn = RedoTxn(self._storage.env.begin(write=True), self._names)
+        try:
+            for _lsn, _batch, _started, undo in reversed(awaiting):
+                redo.replay(txn, undo, self._storage.open_logged, self._storage.forget_db)
+            await self._log_group(txn, [], alone=True)
+        except BaseException as exc:
+            self._abort(txn)
+            self._broken = StorageError(f"the groups no quorum confirmed could not be taken back ({exc}); "
+                                        "restart the server")
+            log.error("%s", self._broken)
+        log.warning("took back %d groups (LSN %d to %d) that no quorum confirmed", len(awaiting),
+                    awaiting[0][0], awaiting[-1][0])
+        for index, (_lsn, batch, started, _undo) in enumerate(reversed(awaiting)):
+            failure = error(index == len(awaiting) - 1)
+            for item in batch:
+                item.error = failure
+            self._finish(list(reversed(batch)), started)
+
+    def _abort(self, txn: Any) -> None:
+        (txn.txn if isinstance(txn, RedoTxn) else txn).abort()
+        self._storage.txn_ended(False)
+
+    def _commit_unlogged(self, txn: lmdb.Transaction) -> None:
+        try:
+            txn.commit()
+        except lmdb.Error as exc:
+            self._storage.txn_ended(False)
+            raise StorageError(f"commit failed: {exc}") from exc
+        self._storage.txn_ended(True)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def _checkpoints(self) -> None:
+        interval = self._storage.checkpoint_interval_s
+        while True:
+            with trio.move_on_after(interval):
+                await self._checkpoint_due.wait()
+            self._checkpoint_due = trio.Event()
+            if self._storage.lsn > self._checkpointed_lsn:
+                try:
+                    await self.checkpoint()
+                except (OSError, lmdb.Error):
+                    log.exception("checkpoint failed; the write-ahead log is kept and it will be tried again")
+
+    async def checkpoint(self) -> None:
+        """Switch the log to a new segment, flush LMDB, delete the segments it made redundant.
+
+        Groups go on committing meanwhile (LMDB's flush covers at least every group committed
+        before the switch); only the switch waits for the group being flushed.
+        """
+        wal = self._log
+        if wal is None:
+            return
+        async with self._log_free:
+            target = self._storage.lsn
+            await trio.to_thread.run_sync(wal.rotate, target + 1)
+        await trio.to_thread.run_sync(self._storage.sync)
+        keep = self.keep_from() if self.keep_from is not None else None
+        async with self._log_free:
+            await trio.to_thread.run_sync(wal.discard_through, target if keep is None else min(target, keep - 1))
+        self._checkpointed_lsn = target
+        self.checkpoints += 1
+
+
+class _nothing:
+    """An async context manager that does nothing (no log to hold)."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+
+
+def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+def _as_storage_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, lmdb.Error):
+        return StorageError(str(exc))
+    return exc

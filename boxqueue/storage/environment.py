@@ -1,0 +1,294 @@
+"""The LMDB environment: one directory, one named database per index plus a few of our own.
+
+Durability follows ``wal.mode``:
+
+* ``fsync`` — every group of writes is appended to the write-ahead log (:mod:`boxqueue.storage.wal`,
+  ``<data_dir>/wal/``) and the log is flushed before any of its writers is answered; LMDB is
+  committed without flushing and flushed by checkpoints in the background. The LSN of the last
+  group is kept in LMDB (database ``_wal``) in the same transaction as the group's data, so
+  recovery at start replays the log past it;
+* ``write`` — no log: commits are written to the file but not flushed: a killed process loses
+  nothing, a crashed machine may lose the last commits;
+* ``none`` — no promise is made; it behaves like ``write`` (LMDB's write-in-place map measured
+  slower here: page faults on every newly touched page).
+
+Whatever the mode, a log left by an earlier run is replayed when the environment opens, LMDB is
+flushed and the log deleted; closing flushes LMDB too.
+
+Reads on the event loop share one read transaction that is replaced when a group is answered
+(:meth:`Storage.reader`, :meth:`Storage.committed`), so a read costs no transaction set-up and
+sees no group before it is durable.
+
+LMDB runs without its lock file (``lock=False``): the group committer begins a transaction on the
+event loop and commits it in a worker thread, which LMDB's writer mutex does not allow. What the
+locks gave is kept by construction: a ``flock`` on ``boxqueue.lock`` keeps a second process out;
+the committer is the only writer; and a read transaction is always replaced by one on the newest
+snapshot before it is used after a commit, so the writer never reuses a page a reader still needs
+(LMDB reuses only pages freed before the previous transaction).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from boxqueue.storage import redo
+from boxqueue.storage.wal import LogReader, WalError, WriteAheadLog, list_segments
+
+log = logging.getLogger(__name__)
+
+WAL_MODES = ("fsync", "write", "none")
+WAL_DIR = "wal"
+# This node's own database: where its log stands, and its own metadata (instance uuid, session
+# ids, a copy in progress). It is never replicated: every write to it goes around the log.
+LOCAL_DB = b"_wal"
+_WAL_DB = LOCAL_DB
+_LSN_KEY = b"lsn"
+_TERM_KEY = b"term"  # the term of the record at ``lsn``
+_LSN = struct.Struct("<Q")
+_REPLAY_CHUNK = 256  # log records per LMDB transaction during recovery
+
+
+class StorageError(Exception):
+    """LMDB failed (disk full, map full, corruption); callers report it as a write failure."""
+
+
+class Storage:
+    """Owns the LMDB environment, the write-ahead log (``fsync`` mode) and the read transaction
+    used on the event loop thread.
+
+    ``lsn`` is the LSN of the last group committed to LMDB; ``log`` the write-ahead log the group
+    committer appends to (``None`` unless ``wal_mode`` is ``fsync``). A checkpoint is due every
+    ``checkpoint_interval_s`` seconds, or when the log's current segment exceeds
+    ``checkpoint_bytes``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        wal_mode: str = "fsync",
+        map_size: int = 1 << 40,
+        max_dbs: int = 4096,
+        checkpoint_interval_s: float = 5.0,
+        checkpoint_bytes: int = 16 << 20,
+    ) -> None:
+        if wal_mode not in WAL_MODES:
+            raise ValueError(f"wal mode must be one of {', '.join(WAL_MODES)}")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.wal_mode = wal_mode
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.checkpoint_bytes = checkpoint_bytes
+        self._lock_file = open(self.path / "boxqueue.lock", "a+b")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.close()
+            raise StorageError(f"{self.path} is in use by another boxqueue process") from None
+        try:
+            # Never flushed by a commit: the log (fsync mode) or nothing (write, none) stands for
+            # it, and checkpoints and close() flush.
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=max_dbs,
+                max_readers=512,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                lock=False,
+            )
+        except lmdb.Error as exc:
+            self._lock_file.close()
+            raise StorageError(f"cannot open LMDB environment in {self.path}: {exc}") from exc
+        self._dbs: dict[bytes, Any] = {}
+        self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
+        self._opened: list[bytes] = []  # databases opened in the write transaction under way
+        self._reader: lmdb.Transaction | None = None
+        self.generation = 0  # bumped by every commit
+        self.log: WriteAheadLog | None = None
+        self.term = 0  # the replica set's term this node's own records are written in (0: alone)
+        try:
+            self._wal_db = self.db(_WAL_DB)
+            with self.env.begin() as txn:
+                raw = txn.get(_LSN_KEY, db=self._wal_db)
+                raw_term = txn.get(_TERM_KEY, db=self._wal_db)
+            self.lsn = 0 if raw is None else _LSN.unpack(raw)[0]
+            self.last_term = 0 if raw_term is None else _LSN.unpack(raw_term)[0]
+            self.replayed = self._recover()
+            if wal_mode == "fsync":
+                self.log = WriteAheadLog(self.path / WAL_DIR, self.lsn + 1)
+        except (WalError, OSError, lmdb.Error, ValueError) as exc:
+            self.env.close()
+            self._lock_file.close()
+            raise StorageError(f"cannot recover {self.path}: {exc}") from exc
+
+    # -- the write-ahead log -----------------------------------------------------------------
+
+    def note_lsn(self, txn: lmdb.Transaction, lsn: int, term: int = 0) -> None:
+        """Record in ``txn`` (the group's own transaction) that it holds log record ``lsn``, of
+        ``term``."""
+        txn.put(_LSN_KEY, _LSN.pack(lsn), db=self._wal_db)
+        if term != self.last_term or lsn == 1:
+            txn.put(_TERM_KEY, _LSN.pack(term), db=self._wal_db)
+        self.last_term = term
+
+    @property
+    def local_db(self) -> Any:
+        """The handle of this node's own database (see :data:`LOCAL_DB`)."""
+        return self._wal_db
+
+    def reset_log(self, lsn: int, term: int) -> None:
+        """After a fresh copy: LMDB holds everything up to record ``lsn`` of ``term``, and the log
+        starts again after it (its old segments are another history). The caller has written
+        ``lsn`` with :meth:`note_lsn` and flushed LMDB."""
+        self.lsn = lsn
+        self.last_term = term
+        if self.log is not None:
+            self.log.retire()
+            self.log = WriteAheadLog(self.path / WAL_DIR, lsn + 1)
+
+    def _recover(self) -> int:
+        """Replay the log past ``self.lsn``, flush LMDB and delete the log's segments. Returns the
+        number of records replayed."""
+        directory = self.path / WAL_DIR
+        reader = LogReader(directory, self.lsn)
+        if not reader.segments:
+            return 0
+        replayed = 0
+        txn: lmdb.Transaction | None = None
+        try:
+            for lsn, term, payload in reader.records():
+                if txn is None:
+                    txn = self.env.begin(write=True)
+                redo.replay(txn, redo.decode(payload), self._open_for_replay)
+                self.note_lsn(txn, lsn, term)
+                replayed += 1
+                if replayed % _REPLAY_CHUNK == 0:
+                    txn.commit()
+                    txn = None
+            if txn is not None:
+                txn.commit()
+                txn = None
+        finally:
+            if txn is not None:
+                txn.abort()
+        if reader.torn is not None:
+            log.warning("write-ahead log ends in a torn record, dropped: %s", reader.torn)
+        if replayed:
+            log.info("replayed %d write-ahead log records, LSN %d to %d", replayed, self.lsn + 1, reader.last_lsn)
+        self.lsn = reader.last_lsn
+        self.env.sync(True)
+        for _first, segment in list_segments(directory):  # LMDB now holds and has flushed it all
+            segment.unlink(missing_ok=True)
+        return replayed
+
+    def _open_for_replay(self, name: bytes | None, txn: lmdb.Transaction, create: bool) -> Any:
+        try:
+            return self.env.open_db(name, txn=txn, create=create)
+        except lmdb.NotFoundError:
+            return None
+
+    # -- databases ---------------------------------------------------------------------------
+
+    def db(self, name: bytes, txn: Any = None, create: bool = True):
+        """The handle of the named database ``name``, opening (and creating) it when needed.
+
+        Without ``txn`` LMDB opens it in a write transaction of its own: only do that before the
+        group committer runs (at start), since nothing else may write while it does. ``txn`` may
+        be the :class:`storage.redo.RedoTxn` a write was given; the creation is then logged.
+        """
+        handle = self._dbs.get(name)
+        if handle is None:
+            if isinstance(txn, redo.RedoTxn):
+                handle = self.env.open_db(name, txn=txn.txn, create=create)
+                if create:
+                    txn.created(name)
+            else:
+                handle = self.env.open_db(name, txn=txn, create=create)
+            self._dbs[name] = handle
+            self.names[handle] = name
+            if txn is not None:
+                self._opened.append(name)
+        return handle
+
+    def txn_ended(self, committed: bool) -> None:
+        """The write transaction ended: the handles opened in it stay valid if it committed; if
+        it was aborted LMDB closed them, and they are forgotten here."""
+        if not committed:
+            for name in self._opened:
+                self.forget_db(name)
+        self._opened = []
+
+    def existing_db(self, name: bytes) -> Any:
+        """The handle of the named database ``name`` if this process has opened it, else None
+        (:meth:`storage.commit.GroupCommitter.open_db` opens one: LMDB takes a new handle only
+        from a write transaction that commits)."""
+        return self._dbs.get(name)
+
+    def open_logged(self, name: bytes | None, txn: Any, create: bool) -> Any:
+        """A database's handle for replaying records into ``txn`` (a :class:`storage.redo.RedoTxn`,
+        whose log names it): None when ``create`` is false and it does not exist."""
+        if name is None:
+            return None
+        if not create and name not in self._dbs:
+            raw = txn.txn if isinstance(txn, redo.RedoTxn) else txn
+            try:
+                self.env.open_db(name, txn=raw, create=False)
+            except lmdb.NotFoundError:
+                return None
+        return self.db(name, txn=txn, create=create)
+
+    def forget_db(self, name: bytes) -> None:
+        handle = self._dbs.pop(name, None)
+        if handle is not None:
+            self.names.pop(handle, None)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def reader(self) -> lmdb.Transaction:
+        """A read transaction showing everything committed so far.
+
+        Valid until the caller next yields to the event loop; never keep it across an ``await``.
+        """
+        txn = self._reader
+        if txn is None:
+            txn = self._reader = self.env.begin(buffers=False)
+        return txn
+
+    def committed(self) -> None:
+        """Note that a commit happened: the shared reader moves to the newest snapshot now, not
+        at its next use, by when a later group may be in LMDB but not yet durable."""
+        self.generation += 1
+        if self._reader is not None:
+            self._reader.abort()
+            self._reader = self.env.begin(buffers=False)
+
+    # -- life --------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Flush LMDB (data and meta pages): every commit so far is on disk."""
+        self.env.sync(True)
+
+    def close(self) -> None:
+        """Flush LMDB, delete the log it makes redundant, close."""
+        if self._reader is not None:
+            self._reader.abort()
+            self._reader = None
+        try:
+            self.env.sync(True)
+            if self.log is not None:
+                self.log.retire()
+        except (OSError, lmdb.Error):
+            log.exception("flushing LMDB at close failed; the write-ahead log is kept")
+            if self.log is not None:
+                self.log.close()
+        self.log = None
+        self.env.close()
+        self._lock_file.close()

@@ -1,0 +1,680 @@
+"""The engine's state and its one write path: spaces, tubes, lookups, memory, changes.
+
+:class:`EngineBase` holds what every part of the engine shares (:mod:`boxqueue.tubes.engine` assembles
+them): the queue spaces and tubes, where each task is, who holds what, and the three ways a
+change is made — :meth:`EngineBase._change` (one task), :meth:`EngineBase._delete` and
+:meth:`EngineBase._batch` (several tasks of a tube, inserts and records, one commit). Each applies
+the change in memory first, with the counters that count it, submits one write to the group
+committer, undoes both if the write fails, and runs the change hooks once it is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import trio
+
+import boxqueue.tubes.transitions as tr
+from boxqueue.errcodes import ER, BoxError
+from boxqueue.spaces.catalog import Catalog
+from boxqueue.spaces.later import Later
+from boxqueue.spaces.msgpack_values import pack
+from boxqueue.spaces.ownership import Owner
+from boxqueue.spaces.space import REPLACE, Space, decode_tuple
+from boxqueue.tubes.kinds import BOX_QUEUE_KIND, TubeKind
+from boxqueue.tubes.task import (
+    QUEUE15,
+    READY,
+    TAKEN,
+    TUBE_FORMAT,
+    TUBE_KEY,
+    Layout,
+    Task,
+    TupleReader,
+    encode_task,
+)
+from boxqueue.tubes.tube import TALLIES, Remains, Tube, tally_of
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT = 3600.0
+# What memory keeps of tubes forgotten with nothing in them (box.queue's counters, which 1.5 shows
+# for the life of the process, and the metrics' tallies): for the most recently used this many.
+FORGOTTEN_KEPT = 10_000
+MAX_TIME_US = tr.MAX_TIME_US
+
+# (space id, tube, task id, status before or None, status after or None, stored tuple or None)
+ChangeHook = Callable[[int, str, str, str | None, str | None, bytes | None], None]
+
+# The layout of a user's queue space (D12): index parts by field number.
+_LAYOUT = ((0,), (1, 2, 4, 5), (1, 3))
+_UNIQUE_LAYOUT = (1, 2, 12)
+
+ENGINE_OWNER = Owner("the tube engine")
+BOX_QUEUE_OWNER = Owner("box.queue", schema_open=True)
+
+# The engine's own records: which spaces it owns, tubes that exist on their own, live claims.
+OWNED_SPACES = "tube_spaces"
+TUBE_RECORDS = "tube_records"
+CLAIM_RECORDS = "tube_claims"
+RECORD_KEYS = {
+    OWNED_SPACES: [[0, "string"]],
+    TUBE_RECORDS: [[0, "unsigned"], [1, "string"]],
+    CLAIM_RECORDS: [[0, "unsigned"], [1, "string"], [2, "string"]],
+}
+
+# The version (4) and variant (10) bits of a random UUID.
+_UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))
+_UUID4_SET = (0x4 << 76) | (0x2 << 62)
+
+Mutate = tr.Mutate
+Tail = tuple[int, bytes]  # fields past the header, as msgpack: how many, and their bytes
+
+
+def proc_error(text: str) -> BoxError:
+    """The queue's errors reach the client as ER_PROC_LUA with the original texts (D8)."""
+    return BoxError(ER.PROC_LUA, message=text)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def is_queue_space(space: Space) -> bool:
+    """A space with the 1.5 layout's indexes (D12)."""
+    parts = tuple(space.indexes[i].fieldnos for i in sorted(space.indexes))
+    return parts[:3] == _LAYOUT and (len(parts) == 3 or (len(parts) == 4 and parts[3] == _UNIQUE_LAYOUT))
+
+
+def has_tube_layout(space: Space) -> bool:
+    fmt = tuple((f.name, f.type) for f in space.defn.format)
+    return (
+        fmt[: len(TUBE_FORMAT)] == tuple((f.name, f.type) for f in TUBE_FORMAT)
+        and space.primary is not None
+        and space.primary.fieldnos == tuple(p[0] for p in TUBE_KEY)
+    )
+
+
+def pack_tail(count: int, values: Iterable[Any]) -> Tail:
+    return count, b"".join(pack(v) for v in values)
+
+
+class QueueSpace:
+    """A space holding tasks: its layout and the kind of its tubes."""
+
+    __slots__ = ("space", "layout", "kind", "owned")
+
+    def __init__(self, space: Space, layout: Layout, kind: TubeKind, owned: bool) -> None:
+        self.space = space
+        self.layout = layout
+        self.kind = kind
+        self.owned = owned
+
+    @property
+    def id(self) -> int:
+        return self.space.id
+
+
+class BatchError(RuntimeError):
+    """A write of several tasks failed part-way; the committer rolls the batch back."""
+
+
+class EngineBase:
+    """All tubes of all queue spaces of one server: the state the engine's parts share."""
+
+    if TYPE_CHECKING:  # what one part calls of another (QueueEngine composes them all)
+        def tail(self, queue_space: QueueSpace, data: list[Any],
+                 attachments: dict[str, Any] | None = None) -> Tail: ...
+
+        def free_tasks(self, tube: Tube, limit: int, low: float = ..., high: float = ...) -> list[Task]: ...
+
+        def _adopt(
+            self, queue_space: QueueSpace, tube: Tube, kind: TubeKind | None
+        ) -> tuple[list[Callable[[lmdb.Transaction], Any]], dict[str, Any] | None]: ...
+
+        async def _enforce_limit(self, queue_space: QueueSpace, tube: Tube) -> None: ...
+
+    def __init__(self, catalog: Catalog, kinds: dict[str, TubeKind] | None = None) -> None:
+        self.catalog = catalog
+        self.committer = catalog.committer
+        self.kinds = dict(kinds or {})
+        self.tubes: dict[tuple[int, str], Tube] = {}
+        self._where: dict[tuple[int, str], Tube | list[Tube]] = {}  # (space id, task id) -> tube(s)
+        self._held: dict[int, dict[Task, Tube]] = {}  # session -> the tasks it has taken
+        self._owned: dict[int, QueueSpace] = {}
+        self._checked: dict[int, tuple[Space, int, QueueSpace | None]] = {}  # D12 checks per schema
+        self._known: dict[Any, tuple[int, QueueSpace]] = {}  # queue_space's answers per schema
+        self._records: dict[str, Space] = {}
+        self._last_created = 0
+        self._nursery: trio.Nursery | None = None
+        self._recovered = False
+        self.hooks: list[ChangeHook] = []
+        self._random = random.Random()  # task ids: seeded from os.urandom
+        self._upserting: dict[tuple[int, str, str], trio.Event] = {}
+        self.reader = TupleReader()  # on the event loop only, like everything here
+        self.tallies: dict[int, list[int]] = {}  # per space: the sum of its tubes' tallies, never reset
+        # (space id, tube) -> the counters of a forgotten tube, oldest first (bounded)
+        self.forgotten: OrderedDict[tuple[int, str], Remains] = OrderedDict()
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def queue_spaces(self) -> dict[int, QueueSpace]:
+        """Every space holding tasks: the user's queue spaces and the engine's own."""
+        found = {}
+        for sid, space in self.catalog.spaces.items():
+            queue_space = self._owned.get(sid)
+            if queue_space is None and is_queue_space(space):
+                queue_space = QueueSpace(space, QUEUE15, self.kinds.get("box.queue", BOX_QUEUE_KIND), owned=False)
+            if queue_space is not None:
+                found[sid] = queue_space
+        return found
+
+    def space_owner(self, space: Space) -> Owner | None:
+        """The engine's rule for :mod:`boxqueue.spaces.ownership`: its own spaces and record spaces keep
+        their data and their definition; box.queue's queue spaces (declared by the user, D12)
+        only their data, since the engine holds their tasks in memory."""
+        if space.id in self._owned or space.name in RECORD_KEYS:
+            return ENGINE_OWNER
+        if is_queue_space(space):
+            return BOX_QUEUE_OWNER
+        return None
+
+    def queue_space(self, space_id: Any) -> QueueSpace:
+        """The queue space with this id, else ER_NO_SUCH_SPACE (D12). Every call of every API
+        asks, so the answer is kept until the schema changes."""
+        known = self._known.get(space_id)
+        if known is not None and known[0] == self.catalog.schema_version:
+            return known[1]
+        queue_space = self._find_queue_space(space_id)
+        self._known[space_id] = (self.catalog.schema_version, queue_space)
+        return queue_space
+
+    def _find_queue_space(self, space_id: Any) -> QueueSpace:
+        owned = self._owned.get(space_id) if type(space_id) is int else None
+        if owned is not None and not owned.space.dropped:
+            return owned
+        space = self.catalog.spaces.get(space_id) if type(space_id) is int else None
+        if space is None:
+            raise BoxError(ER.NO_SUCH_SPACE, space_id)
+        # Whether a space is laid out for the queue only changes with its indexes (DDL).
+        known = self._checked.get(space_id)
+        if known is None or known[0] is not space or known[1] != self.catalog.schema_version:
+            queue_space = None
+            if is_queue_space(space):
+                queue_space = QueueSpace(space, QUEUE15, self.kinds.get("box.queue", BOX_QUEUE_KIND), owned=False)
+            known = self._checked[space_id] = (space, self.catalog.schema_version, queue_space)
+        if known[2] is None:
+            raise BoxError(ER.NO_SUCH_SPACE, space_id)
+        return known[2]
+
+    def space(self, space_id: Any) -> Space:
+        return self.queue_space(space_id).space
+
+    def owned_spaces(self, kind_name: str | None = None) -> list[QueueSpace]:
+        return [s for s in self._owned.values() if kind_name is None or s.kind.name == kind_name]
+
+    def tube(self, space_id: int, name: str) -> Tube:
+        return self._tube(self.queue_space(space_id), name)
+
+    def kind_named(self, name: str) -> TubeKind:
+        kind = self.kinds.get(name)
+        if kind is None:
+            kind = self.kinds[name] = default_kind(name)
+        return kind
+
+    def _tube(self, queue_space: QueueSpace, name: str) -> Tube:
+        key = (queue_space.id, name)
+        tube = self.tubes.get(key)
+        if tube is None:
+            tube = self.tubes[key] = Tube(queue_space.id, name, queue_space.kind)
+            if self.forgotten:
+                remains = self.forgotten.pop(key, None)
+                if remains is not None:
+                    tube.stats, tube.tally = remains.stats, remains.tally
+        return tube
+
+    def existing_tube(self, space_id: int, name: str) -> Tube | None:
+        return self.tubes.get((space_id, name))
+
+    def find(self, space_id: int, task_id: Any) -> tuple[Tube, Task]:
+        """The task with this id in the space (box.queue's calls name no tube)."""
+        found = self._where.get((space_id, task_id)) if isinstance(task_id, str) else None
+        if found is None:
+            raise proc_error("Task not found")
+        if isinstance(found, list):
+            names = ", ".join(sorted(t.name for t in found))
+            raise proc_error(f"Task id {task_id!r} is ambiguous in space {space_id}: tubes {names} hold one")
+        return found, found.tasks[task_id]
+
+    def get(self, space_id: int, tube_name: str, task_id: str) -> Task | None:
+        tube = self.tubes.get((space_id, tube_name))
+        return None if tube is None else tube.tasks.get(task_id)
+
+    def owned(self, space_id: int, task_id: Any, consumer: int, verb: str) -> tuple[Tube, Task]:
+        """The three checks of the 1.5 module, in its order and with its texts."""
+        tube, task = self.find(space_id, task_id)
+        if task.status != TAKEN:
+            raise proc_error("Task is not taken")
+        if task.cid != consumer:
+            raise proc_error(f"Only consumer that took the task can it {verb}")
+        return tube, task
+
+    def stored(self, queue_space: QueueSpace, task: Task) -> bytes | None:
+        return queue_space.space.get(0, queue_space.layout.key(task))
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def _add(self, tube: Tube, task: Task) -> None:
+        tube.tasks[task.id] = task
+        key = (tube.space_id, task.id)
+        other = self._where.get(key)
+        if other is None:
+            self._where[key] = tube
+        elif type(other) is list:
+            other.append(tube)
+        elif other is not tube:
+            self._where[key] = [other, tube]  # type: ignore[list-item]
+        self._enter(tube, task)
+
+    def _remove(self, tube: Tube, task: Task) -> None:
+        self._leave(tube, task)
+        del tube.tasks[task.id]
+        if not tube.tasks:
+            tube.monitor_wakeup.set()  # its monitor ends, and the tube may be forgotten
+        key = (tube.space_id, task.id)
+        other = self._where.get(key)
+        if other is tube:
+            del self._where[key]
+        elif type(other) is list:
+            other.remove(tube)
+            if len(other) == 1:
+                self._where[key] = other[0]
+
+    def _enter(self, tube: Tube, task: Task) -> None:
+        tube.enter(task)
+        if task.status == TAKEN and is_session(task.cid):
+            self._held.setdefault(task.cid, {})[task] = tube
+        if task.event < tube.monitor_until:
+            tube.monitor_wakeup.set()
+        if not tube.monitor_running:
+            self._start_monitor(tube)
+
+    def _leave(self, tube: Tube, task: Task) -> None:
+        tube.leave(task)
+        if task.status == TAKEN and is_session(task.cid):
+            held = self._held.get(task.cid)
+            if held is not None:
+                held.pop(task, None)
+                if not held:
+                    del self._held[task.cid]
+
+    def _next_created(self) -> int:
+        created = now_us()
+        if created <= self._last_created:
+            created = self._last_created + 1
+        self._last_created = created
+        return created
+
+    def new_id(self) -> str:
+        """32 lowercase hex digits of a version 4 UUID, as 1.5's uuid_hex gave."""
+        bits = self._random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET
+        return f"{bits:032x}"
+
+    def _forget_if_unused(self, tube: Tube) -> None:
+        """Forget a tube memory need not keep; a record that only named its kind goes too.
+
+        Its counters stay in :attr:`forgotten` (bounded) and come back with the tube: a tube
+        holds a few kilobytes of structures, and a server whose clients name a new tube per job
+        must not keep one for every name it ever saw."""
+        key = (tube.space_id, tube.name)
+        if tube.unused() and self.tubes.get(key) is tube:
+            del self.tubes[key]
+            if tube.stats or any(tube.tally):
+                self._keep_forgotten(key, Remains(tube.stats, tube.tally))
+            if tube.options is not None:
+                tube.options = None
+                self.committer.submit(self._record_write(TUBE_RECORDS, None, list(key)),
+                                      log_failure(f"deleting the record of tube {tube.name!r}"))
+
+    def _keep_forgotten(self, key: tuple[int, str], remains: Remains) -> None:
+        self.forgotten[key] = remains
+        if len(self.forgotten) > FORGOTTEN_KEPT:
+            self.forgotten.popitem(last=False)
+
+    def _count_forgotten(self, key: tuple[int, str], counter: str) -> None:
+        """Count on a tube memory does not hold (a take that found nothing), without making one."""
+        remains = self.forgotten.pop(key, None)
+        if remains is None:
+            remains = Remains({}, [0] * len(TALLIES))
+        remains.stats[counter] = remains.stats.get(counter, 0) + 1
+        self._keep_forgotten(key, remains)
+
+    def _start_monitor(self, tube: Tube) -> None:
+        raise NotImplementedError  # tubes.monitors
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _change(
+        self,
+        queue_space: QueueSpace,
+        tube: Tube,
+        task: Task,
+        mutate: Mutate,
+        *,
+        counter: str | None = None,
+        tail: Tail | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> Later[bytes]:
+        """Change ``task`` in memory (counting ``counter`` with it) and write it, keeping its
+        stored attachments and data unless ``tail`` is given; the Later gives the stored tuple
+        once durable, after ``after()`` has run. A write that fails undoes both."""
+        before = task.snapshot()
+        old_status = task.status
+        self._leave(tube, task)
+        mutate(task)
+        self._enter(tube, task)
+        new_status = task.status
+        if counter is not None:
+            tube.count(counter)
+        header = task.header()
+        keep = queue_space.layout.header
+        if tail is None:
+            split = self.reader.split
+
+            def transform(old: bytes) -> bytes:
+                return encode_task(header, *split(old, keep))
+        else:
+
+            def transform(old: bytes) -> bytes:
+                return encode_task(header, *tail)
+
+        later: Later[bytes] = Later()
+
+        # (No inner function here calls another: one that did would be held by the closure it
+        # shares, a reference cycle per write left to the cyclic collector.)
+        def done(raw: bytes | None, error: BaseException | None) -> None:
+            if error is None and raw is None:
+                error = proc_error("Task not found")
+            if error is not None:
+                self._undo_change(tube, task, counter, before, header)
+                later.settle(None, error)
+                return
+            if old_status != new_status:
+                self._tally(tube, old_status, new_status)
+            if self.hooks:
+                self._notify(tube, task.id, old_status, task.status, raw)
+            if after is not None:
+                after()
+            later.settle(raw)
+
+        try:
+            self.committer.submit(queue_space.space.prepare_transform(queue_space.layout.key(task), transform), done)
+        except BaseException:
+            self._undo_change(tube, task, counter, before, header)
+            raise
+        return later
+
+    def _undo_change(self, tube: Tube, task: Task, counter: str | None, before: Any, header: Any) -> None:
+        """A change whose write failed: its count and the task as it was (unless changed since)."""
+        if counter is not None:
+            tube.uncount(counter)
+        if tube.tasks.get(task.id) is task and task.header() == header:
+            self._leave(tube, task)
+            task.restore(before)
+            self._enter(tube, task)
+
+    def _delete(self, queue_space: QueueSpace, tube: Tube, task: Task, counters: tuple[str, ...] = ()) -> Later[bytes]:
+        self._remove(tube, task)
+        for counter in counters:
+            tube.count(counter)
+
+        later: Later[bytes] = Later()
+
+        def done(raw: bytes | None, error: BaseException | None) -> None:
+            if error is not None:
+                self._undo_delete(tube, task, counters)
+                later.settle(None, error)
+                return
+            self._tally(tube, task.status, None)
+            self._notify(tube, task.id, task.status, None, None)
+            later.settle(raw)
+
+        try:
+            self.committer.submit(queue_space.space.prepare_delete(0, queue_space.layout.key(task)), done)
+        except BaseException:
+            self._undo_delete(tube, task, counters)
+            raise
+        return later
+
+    def _undo_delete(self, tube: Tube, task: Task, counters: tuple[str, ...]) -> None:
+        for counter in counters:
+            tube.uncount(counter)
+        if task.id not in tube.tasks:
+            self._add(tube, task)
+
+    def _batch(
+        self,
+        queue_space: QueueSpace,
+        tube: Tube,
+        *,
+        changes: Iterable[tuple[Task, Mutate, Tail | None]] = (),
+        deletes: Iterable[Task] = (),
+        inserts: Iterable[tuple[Task, Tail]] = (),
+        records: Iterable[Callable[[lmdb.Transaction], Any]] = (),
+        counters: Iterable[str] = (),
+        undo_extra: Callable[[], None] | None = None,
+        expiring: bool = False,
+    ) -> Later[list[bytes | None]]:
+        """Several changes of one tube as one write (one commit): ``changes`` and ``deletes``
+        happen in memory now, ``inserts`` once durable; ``records`` are written with them. The
+        Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
+        the deletes are tasks whose ttl ended."""
+        space, layout = queue_space.space, queue_space.layout
+        keep = layout.header
+        done_changes: list[tuple[Task, list[Any], list[Any]]] = []
+        writes: list[Callable[[lmdb.Transaction], Any]] = []
+        counted = list(counters)
+        for counter in counted:
+            tube.count(counter)
+        for task, mutate, tail in changes:
+            before = task.snapshot()
+            self._leave(tube, task)
+            mutate(task)
+            self._enter(tube, task)
+            header = task.header()
+            done_changes.append((task, before, header))
+            if tail is None:
+                transform = _keeping_tail(header, keep, self.reader)
+            else:
+                transform = _with_tail(header, tail)
+            writes.append(space.prepare_transform(layout.key(task), transform))
+        deleted = [t for t in deletes if tube.tasks.get(t.id) is t]
+        for task in deleted:
+            self._remove(tube, task)
+            writes.append(space.prepare_delete(0, layout.key(task)))
+        new = list(inserts)
+        for task, (count, tail_raw) in new:
+            raw = encode_task(task.header(), count, tail_raw)
+            writes.append(space.prepare_put(raw, decode_tuple(raw), REPLACE))
+        writes.extend(records)
+        if new:
+            tube.pending += 1
+
+        def write(txn: lmdb.Transaction) -> list[Any]:
+            results = []
+            try:
+                for fn in writes:
+                    results.append(fn(txn))
+            except BoxError as exc:  # part of the batch is written: the committer must roll back
+                raise BatchError(f"a write of tube {tube.name!r} failed: {exc.message}") from exc
+            if any(r is None for r in results[: len(done_changes)]):
+                raise BatchError(f"a task of tube {tube.name!r} is missing from its space")
+            return results
+
+        later: Later[list[bytes | None]] = Later()
+
+        def done(results: list[Any] | None, error: BaseException | None) -> None:
+            if new:
+                tube.pending -= 1
+            if error is not None:
+                self._undo_batch(tube, counted, done_changes, deleted, undo_extra)
+                later.settle(None, error)
+                return
+            assert results is not None
+            for (task, before, header), raw in zip(done_changes, results, strict=False):
+                if before[2] != header[2]:
+                    self._tally(tube, before[2], header[2])
+                self._notify(tube, task.id, before[2], task.status, raw)
+            for task in deleted:
+                self._tally(tube, task.status, None, expiring)
+                self._notify(tube, task.id, task.status, None, None)
+            inserted = results[len(done_changes) + len(deleted):][: len(new)]
+            self._place_inserted(queue_space, tube, [(task, raw) for (task, _tail), raw in zip(new, inserted, strict=True)])
+            later.settle(results[: len(done_changes) + len(deleted) + len(new)])
+
+        try:
+            self.committer.submit(write, done)
+        except BaseException:
+            if new:
+                tube.pending -= 1
+            self._undo_batch(tube, counted, done_changes, deleted, undo_extra)
+            raise
+        return later
+
+    def _undo_batch(self, tube: Tube, counted: list[str], done_changes: list[tuple[Task, list[Any], list[Any]]],
+                    deleted: list[Task], undo_extra: Callable[[], None] | None) -> None:
+        """A batch whose write failed: its counts, changes and deletes taken back, newest first."""
+        for counter in counted:
+            tube.uncount(counter)
+        for task, before, header in reversed(done_changes):
+            if task.id in tube.tasks and tube.tasks[task.id] is task and task.header() == header:
+                self._leave(tube, task)
+                task.restore(before)
+                self._enter(tube, task)
+        for task in deleted:
+            if task.id not in tube.tasks:
+                self._add(tube, task)
+        if undo_extra is not None:
+            undo_extra()
+
+    def _place_inserted(self, queue_space: QueueSpace, tube: Tube, inserted: list[tuple[Task, bytes]]) -> None:
+        """Tasks whose insert is durable become visible; if their tube was dropped meanwhile,
+        they are deleted again (nothing outlives its tube)."""
+        if not inserted:
+            return
+        if tube.dropped:
+            deletes = [queue_space.space.prepare_delete(0, queue_space.layout.key(t)) for t, _raw in inserted]
+            self.committer.submit(_all(deletes), log_failure("deleting tasks put into a dropped tube"))
+            return
+        woke = False
+        for task, raw in inserted:
+            if task.id in tube.tasks:  # a concurrent put of the same key (upserts wait for each other)
+                continue
+            self._add(tube, task)
+            if task.status == READY:
+                woke = True
+            self._tally(tube, None, task.status)
+            self._notify(tube, task.id, None, task.status, raw)
+        if woke:
+            tube.wake_one_consumer()
+
+    def _tally(self, tube: Tube, old: str | None, new: str | None, expired: bool = False) -> None:
+        """Count a durable change of status (:func:`tubes.tube.tally_of`) for the tube and its space."""
+        which = tally_of(old, new, expired)
+        if which >= 0:
+            tube.tally[which] += 1
+            totals = self.tallies.get(tube.space_id)
+            if totals is None:
+                totals = self.tallies[tube.space_id] = [0] * len(TALLIES)
+            totals[which] += 1
+
+    def _notify(self, tube: Tube, task_id: str, old: str | None, new: str | None, raw: bytes | None) -> None:
+        for hook in self.hooks:
+            try:
+                hook(tube.space_id, tube.name, task_id, old, new, raw)
+            except Exception:
+                log.exception("task change hook failed")
+
+    def record_space(self, name: str) -> Space:
+        """One of the engine's record spaces (open once it owns a space)."""
+        return self._records[name]
+
+    def _record_write(self, name: str, record: list[Any] | None, key: list[Any]) -> Callable[[lmdb.Transaction], Any]:
+        space = self._records[name]
+        if record is None:
+            return space.prepare_delete(0, key)
+        return space.prepare_put(pack(record), record, REPLACE)
+
+
+def has_tube_layout_format(space: Space) -> bool:
+    fmt = tuple((f.name, f.type) for f in space.defn.format)
+    return fmt[: len(TUBE_FORMAT)] == tuple((f.name, f.type) for f in TUBE_FORMAT)
+
+
+def default_kind(name: str) -> TubeKind:
+    from boxqueue.tubes.kinds import QUEUE_MODULE, QUEUE_MODULE_KIND, deckard_kind, zaqar_kind
+
+    if name == QUEUE_MODULE:
+        return QUEUE_MODULE_KIND
+    if name == "deckard":
+        return deckard_kind(1440)
+    if name == "zaqar":
+        return zaqar_kind(3600, 300)
+    return BOX_QUEUE_KIND
+
+
+def is_session(cid: Any) -> bool:
+    return type(cid) is int and cid > 0
+
+
+def created_of(task: Task) -> int:
+    return task.created
+
+
+def _keeping_tail(header: list[Any], keep: int, reader: TupleReader) -> Callable[[bytes], bytes]:
+    split = reader.split
+
+    def transform(old: bytes) -> bytes:
+        return encode_task(header, *split(old, keep))
+
+    return transform
+
+
+def _with_tail(header: list[Any], tail: Tail) -> Callable[[bytes], bytes]:
+    def transform(_old: bytes) -> bytes:
+        return encode_task(header, *tail)
+
+    return transform
+
+
+def counted(tube: Tube, counter: str | None, result: Any, options: dict[str, Any] | None = None) -> Any:
+    """A put is durable: count it; a tube whose record was written with it has it now."""
+    if counter is not None:
+        tube.count(counter)
+    if options is not None and tube.options is None and not tube.dropped:
+        tube.options = options
+    return result
+
+
+def _all(writes: list[Callable[[lmdb.Transaction], Any]]) -> Callable[[lmdb.Transaction], None]:
+    def write(txn: lmdb.Transaction) -> None:
+        for fn in writes:
+            fn(txn)
+
+    return write
+
+
+def log_failure(what: str) -> Callable[[Any, BaseException | None], None]:
+    def done(_result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            log.error("%s failed: %s", what, error)
+
+    return done
+
+

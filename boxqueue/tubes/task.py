@@ -1,0 +1,223 @@
+"""A task: its tuple layouts in a queue space, and the part of it kept in memory.
+
+Every task has the twelve header fields of the 1.5 module (numbered from 0):
+
+    0 id  1 tube  2 status  3 event  4 ipri  5 pri  6 cid  7 created  8 ttl  9 ttr
+    10 cbury  11 ctaken
+
+Times are integer microseconds since the epoch, ttl and ttr integer microseconds (ttl counted
+from ``created``). ``created`` is unique and increasing within a server (the engine makes it so),
+the creation sequence that breaks ties between equal priorities (FIFO, D3) and Zaqar's post order.
+
+Two layouts put them in a tuple (:class:`Layout`):
+
+* the 1.5 layout (D12) of the queue spaces a user declares: the header, then the data fields from
+  12 on; the primary key is the id;
+* the tube layout of the spaces the engine owns (Deckard's and Zaqar's): the header, field 12
+  ``attrs`` (a small map the engine keeps in memory: a Deckard message's diagnostics and
+  breakpoint, a Zaqar message's poster, the priority a lock ends with), field 13 ``attachments``
+  (a map kept only in LMDB: a Deckard message's description, metadata and payload), then the
+  data fields from 14 on; the primary key is (tube, id), since Deckard's ids are per queue.
+
+Memory holds the header (and ``attrs``); attachments and data stay in LMDB and are copied byte for
+byte from the stored tuple whenever the task is rewritten.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import msgpack
+
+from boxqueue.spaces import msgpack_scan
+from boxqueue.spaces.definitions import FieldDef
+from boxqueue.spaces.msgpack_values import Raw, array_header, pack, unpack
+
+READY = "r"
+DELAYED = "d"
+TAKEN = "t"
+BURIED = "b"
+DONE = "*"
+
+HUMAN = {READY: "ready", DELAYED: "delayed", TAKEN: "taken", BURIED: "buried", DONE: "done"}
+STATUS_ORDER = (READY, DELAYED, TAKEN, BURIED, DONE)  # the order statistics lists them in
+
+HEADER_FIELDS = 12
+F_ID, F_TUBE, F_STATUS, F_EVENT, F_IPRI, F_PRI, F_CID, F_CREATED, F_TTL, F_TTR, F_CBURY, F_CTAKEN = range(12)
+F_ATTRS, F_ATTACHMENTS = 12, 13
+
+
+class Layout:
+    """Where a space keeps a task's fields."""
+
+    __slots__ = ("name", "header", "data_at", "by_tube")
+
+    def __init__(self, name: str, header: int, data_at: int, by_tube: bool) -> None:
+        self.name = name
+        self.header = header  # fields kept in memory (the header, and attrs in the tube layout)
+        self.data_at = data_at  # the first data field
+        self.by_tube = by_tube  # primary key (tube, id) rather than (id)
+
+    def key(self, task: Task) -> list[Any]:
+        return [task.tube, task.id] if self.by_tube else [task.id]
+
+
+QUEUE15 = Layout("1.5", HEADER_FIELDS, HEADER_FIELDS, False)
+TUBE_LAYOUT = Layout("tube", HEADER_FIELDS + 1, HEADER_FIELDS + 2, True)
+
+# The tube layout as a space format and primary key (the engine creates its spaces with these).
+TUBE_FORMAT = (
+    FieldDef("id", "string"),
+    FieldDef("tube", "string"),
+    FieldDef("status", "string"),
+    FieldDef("event", "unsigned"),
+    FieldDef("ipri", "number"),
+    FieldDef("pri", "number"),
+    FieldDef("cid", "scalar"),  # a session id, a claim id, or 0 for nobody
+    FieldDef("created", "unsigned"),
+    FieldDef("ttl", "unsigned"),
+    FieldDef("ttr", "unsigned"),
+    FieldDef("cbury", "unsigned"),
+    FieldDef("ctaken", "unsigned"),
+    FieldDef("attrs", "map"),
+    FieldDef("attachments", "map"),
+)
+TUBE_KEY = [[F_TUBE, "string"], [F_ID, "string"]]
+
+
+class Task:
+    """The in-memory image of a stored task, without its attachments and data."""
+
+    __slots__ = (
+        "id", "tube", "status", "event", "ipri", "pri", "cid", "created", "ttl", "ttr", "cbury", "ctaken",
+        "attrs",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        tube: str,
+        status: str,
+        event: int,
+        ipri: Any,
+        pri: Any,
+        cid: Any,
+        created: int,
+        ttl: int,
+        ttr: int,
+        cbury: int = 0,
+        ctaken: int = 0,
+        attrs: dict[str, Any] | None = None,
+    ) -> None:
+        self.id = id
+        self.tube = tube
+        self.status = status
+        self.event = event
+        self.ipri = ipri
+        self.pri = pri
+        self.cid = cid
+        self.created = created
+        self.ttl = ttl
+        self.ttr = ttr
+        self.cbury = cbury
+        self.ctaken = ctaken
+        self.attrs = attrs
+
+    @property
+    def expires(self) -> int:
+        return self.created + self.ttl
+
+    def take_key(self) -> tuple[Any, Any, int, str]:
+        """Take order: internal priority, priority (a score), creation sequence."""
+        return (self.ipri, self.pri, self.created, self.id)
+
+    def event_key(self) -> tuple[int, int, str]:
+        return (self.event, self.created, self.id)
+
+    def header(self) -> list[Any]:
+        """The stored header: 12 fields, and ``attrs`` for a task of the tube layout."""
+        fields = [
+            self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid,
+            self.created, self.ttl, self.ttr, self.cbury, self.ctaken,
+        ]
+        if self.attrs is not None:
+            fields.append(self.attrs)
+        return fields
+
+    def copy(self) -> Task:
+        copied = Task(*self.header()[:HEADER_FIELDS])
+        copied.attrs = None if self.attrs is None else dict(self.attrs)
+        return copied
+
+    def snapshot(self) -> list[Any]:
+        """Every field as it is now, to :meth:`restore` if a change has to be undone."""
+        return [
+            self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid,
+            self.created, self.ttl, self.ttr, self.cbury, self.ctaken,
+            None if self.attrs is None else dict(self.attrs),
+        ]
+
+    def restore(self, fields: list[Any]) -> None:
+        """Become the snapshot again (undo an in-memory change whose write failed)."""
+        (self.id, self.tube, self.status, self.event, self.ipri, self.pri, self.cid, self.created,
+         self.ttl, self.ttr, self.cbury, self.ctaken, self.attrs) = fields
+
+    @classmethod
+    def from_fields(cls, fields: list[Any], layout: Layout) -> Task:
+        task = cls(*fields[:HEADER_FIELDS])
+        if layout.header > HEADER_FIELDS:
+            attrs = fields[F_ATTRS] if len(fields) > F_ATTRS else None
+            task.attrs = dict(attrs) if isinstance(attrs, dict) else {}
+        return task
+
+
+class TupleReader:
+    """Splits stored task tuples by walking their msgpack bytes (``boxqueue.spaces.msgpack_scan``, compiled):
+    no field is decoded but the status a reply names."""
+
+    def split(self, raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
+        """How many fields the tuple has past ``header``, and their bytes as stored."""
+        count, offsets = msgpack_scan.fields_at(raw, header)
+        return max(count - header, 0), raw[offsets[header]:]
+
+    def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
+        """What the queue functions return: ``[id, tube, status name, data...]``: the id and the
+        tube as stored, the status by its name, the data fields as stored."""
+        count, offsets = msgpack_scan.fields_at(raw, data_at)
+        if count < 3:
+            raise ValueError("a task tuple has fewer than 3 fields")
+        status = raw[offsets[2]:offsets[3]]
+        named = _PACKED_STATUS_NAMES.get(status)
+        if named is None:
+            value = unpack(status)
+            named = pack(HUMAN.get(value, value))
+        return Raw(array_header(3 + max(count - data_at, 0)) + raw[offsets[0]:offsets[2]] + named + raw[offsets[data_at]:])
+
+
+_PACKED_STATUS_NAMES = {pack(status): pack(name) for status, name in HUMAN.items()}
+
+
+def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
+    """A task tuple from its header fields and what follows them, already msgpack."""
+    # The header packs in one call; its own array header (one byte: fewer than 16 fields) gives
+    # way to the tuple's.
+    return array_header(len(header) + data_count) + pack(header)[1:] + data_raw
+
+
+def stored_parts(raw: bytes, layout: Layout) -> tuple[dict[str, Any], list[Any]]:
+    """The attachments (``{}`` in the 1.5 layout) and the data fields of a stored task."""
+    fields = msgpack.unpackb(raw, raw=False, strict_map_key=False, unicode_errors="surrogateescape")
+    attachments = fields[F_ATTACHMENTS] if layout.data_at > F_ATTACHMENTS and len(fields) > F_ATTACHMENTS else {}
+    return (attachments if isinstance(attachments, dict) else {}), fields[layout.data_at:]
+
+
+def data_json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for task data, which is msgpack: bytes become text when they
+    are UTF-8, else base64; the rest str()."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    return str(value)

@@ -1,0 +1,243 @@
+"""One tube's in-memory state: orderings, counts, consumers, waiting takes, statistics.
+
+Everything here is a cache of LMDB: the engine rebuilds it at start. ``tasks`` holds every task of
+the tube in creation order; a task is *in* the structures of its status (:meth:`Tube.enter`) and
+leaves them (:meth:`Tube.leave`) before the engine changes a field they are ordered by.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import trio
+from sortedcontainers import SortedList
+
+from boxqueue.tubes.kinds import TubeKind
+from boxqueue.tubes.task import BURIED, DONE, READY, STATUS_ORDER, TAKEN, Task
+
+# What happened to tasks, counted for every API once each change is durable (the metrics read
+# these plain integers when scraped): indexes into ``Tube.tally`` and the engine's totals.
+TALLIES = ("puts", "takes", "acks", "releases", "buries", "kicks", "deletes", "expiries")
+PUTS, TAKES, ACKS, RELEASES, BURIES, KICKS, DELETES, EXPIRIES = range(len(TALLIES))
+
+
+def tally_of(old: str | None, new: str | None, expired: bool = False) -> int:
+    """Which tally a durable change of status counts in, or -1 for none: a new task is a put;
+    becoming taken a take (box.queue take, Deckard pull, Zaqar claim); a taken task deleted or
+    done an ack; a taken task ready or delayed again a release (release, requeue, Deckard Ack and
+    Nack, a claim released or expired, a deadline passed, a consumer gone); buried a bury; buried
+    to ready a kick; any other delete a delete, or an expiry when its ttl ended it."""
+    if old is None:
+        return PUTS
+    if new is None:
+        return EXPIRIES if expired else ACKS if old == TAKEN else DELETES
+    if new == TAKEN:
+        return -1 if old == TAKEN else TAKES
+    if new == BURIED:
+        return -1 if old == BURIED else BURIES
+    if old == TAKEN:
+        return ACKS if new == DONE else RELEASES
+    if old == BURIED:
+        return KICKS
+    return -1
+
+
+class Claim:
+    """A consumer identity that expires (a Zaqar claim): the tasks it holds are taken with its
+    id as their cid, until it is released or expires; claiming extends their life by ``grace``.
+    Times in microseconds."""
+
+    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks")
+
+    def __init__(self, id: str, ttl: int, grace: int, expires: int, updated: int) -> None:
+        self.id = id
+        self.ttl = ttl
+        self.grace = grace
+        self.expires = expires
+        self.updated = updated
+        self.tasks: set[str] = set()  # ids of the tasks it holds now
+
+    def record(self, space_id: int, tube: str) -> list[Any]:
+        return [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
+
+
+class Remains:
+    """What memory keeps of a tube it forgot (see ``EngineBase._forget_if_unused``): box.queue's
+    counters and the metrics' tallies, which go on where they were if the tube is used again."""
+
+    __slots__ = ("stats", "tally")
+
+    def __init__(self, stats: dict[str, int], tally: list[int]) -> None:
+        self.stats = stats
+        self.tally = tally
+
+
+def _subqueue(task: Task) -> str:
+    attrs = task.attrs
+    return "" if not attrs else attrs.get("utube", "")
+
+
+class Tube:
+    """The tasks of one (space, tube) and what waits on them."""
+
+    def __init__(self, space_id: int, name: str, kind: TubeKind) -> None:
+        self.space_id = space_id
+        self.name = name
+        self.kind = kind
+        self.tasks: dict[str, Task] = {}  # every task, in creation order
+        self.ready: SortedList = SortedList()  # take order: (ipri, pri, created, id)
+        self.buried: SortedList = SortedList()  # kick order, the same keys
+        self.timeline: SortedList = SortedList()  # (event, created, id) of every task
+        self.counts: dict[str, int] = dict.fromkeys(STATUS_ORDER, 0)
+        self.stats: dict[str, int] = {}  # box.queue's counters, in the order they first moved
+        self.waiters: deque[trio.Event] = deque()
+        self.claims: dict[str, Claim] = {}
+        self.claim_times: SortedList = SortedList()  # (expires, claim id)
+        self.options: dict[str, Any] | None = None  # the stored record of a tube that has one
+        self.limit = 0  # most tasks the tube keeps (Deckard's max_elements); 0: no limit
+        self.by_expiry: SortedList | None = None  # (expires, created, id), kept while limited
+        self.monitor_wakeup = trio.Event()
+        self.monitor_until = math.inf  # when the sleeping monitor looks again
+        self.monitor_running = False
+        self.unique_lock: trio.Lock | None = None  # put_unique: look up and insert as one step
+        self.pending = 0  # writes in flight that insert tasks
+        self.dropped = False  # the tube was dropped: what is still being written into it goes
+        self.tally = [0] * len(TALLIES)  # see tally_of; kept with the Remains of a forgotten tube
+        # A tube of sub-queues (its record says ``subqueues``: tarantool/queue's utube) takes at
+        # most one task of each sub-queue (a task's ``attrs["utube"]``) at a time: how many
+        # taken tasks each sub-queue has, counted from the first take on (None before).
+        self.busy: dict[str, int] | None = None
+        self.last_number: int | None = None  # numbered tasks: the highest number handed out
+
+    # -- structures ------------------------------------------------------------------------
+
+    def enter(self, task: Task) -> None:
+        status = task.status
+        if status == READY:
+            self.ready.add((task.ipri, task.pri, task.created, task.id))
+        elif status == BURIED:
+            self.buried.add((task.ipri, task.pri, task.created, task.id))
+        elif status == TAKEN and type(task.cid) is str:
+            claim = self.claims.get(task.cid)
+            if claim is not None:
+                claim.tasks.add(task.id)
+        self.timeline.add((task.event, task.created, task.id))
+        if self.by_expiry is not None:
+            self.by_expiry.add((task.created + task.ttl, task.created, task.id))
+        self.counts[status] += 1
+        if self.busy is not None and status == TAKEN:
+            sub = _subqueue(task)
+            self.busy[sub] = self.busy.get(sub, 0) + 1
+
+    def leave(self, task: Task) -> None:
+        status = task.status
+        if status == READY:
+            self.ready.remove((task.ipri, task.pri, task.created, task.id))
+        elif status == BURIED:
+            self.buried.remove((task.ipri, task.pri, task.created, task.id))
+        elif status == TAKEN and type(task.cid) is str:
+            claim = self.claims.get(task.cid)
+            if claim is not None:
+                claim.tasks.discard(task.id)
+        self.timeline.remove((task.event, task.created, task.id))
+        if self.by_expiry is not None:
+            self.by_expiry.remove((task.created + task.ttl, task.created, task.id))
+        self.counts[status] -= 1
+        if self.busy is not None and status == TAKEN:
+            sub = _subqueue(task)
+            left = self.busy[sub] - 1
+            if left:
+                self.busy[sub] = left
+            else:
+                del self.busy[sub]
+
+    def next_number(self) -> str:
+        """The id of a new task of a tube whose tasks are numbered (tarantool/queue's): one more
+        than the highest number it holds, counting those handed to puts not durable yet (the
+        module takes ``max(task_id) + 1``, so the highest id is given again once it is gone)."""
+        last = self.last_number
+        if last is None or (not self.pending and str(last) not in self.tasks):
+            last = max((int(k) for k in self.tasks if k.isascii() and k.isdigit()), default=-1)
+        self.last_number = last + 1
+        return str(last + 1)
+
+    def subqueues_busy(self) -> dict[str, int] | None:
+        """The taken tasks per sub-queue of a tube of sub-queues (None for other tubes), counted
+        once and kept up to date from then on."""
+        if self.busy is None and self.options is not None and self.options.get("subqueues"):
+            busy: dict[str, int] = {}
+            for task in self.tasks.values():
+                if task.status == TAKEN:
+                    busy[_subqueue(task)] = busy.get(_subqueue(task), 0) + 1
+            self.busy = busy
+        return self.busy
+
+    def first_ready(self) -> Task | None:
+        return self.tasks[self.ready[0][3]] if self.ready else None
+
+    def last_ready(self) -> Task | None:
+        return self.tasks[self.ready[-1][3]] if self.ready else None
+
+    def buried_in_order(self) -> list[Task]:
+        return [self.tasks[key[3]] for key in self.buried]
+
+    def next_time(self) -> float:
+        """When the monitor has something to do next: a task's event or a claim's expiry."""
+        first = self.timeline[0][0] if self.timeline else math.inf
+        if self.claim_times and self.claim_times[0][0] < first:
+            return self.claim_times[0][0]
+        return first
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        if limit > 0 and self.by_expiry is None:
+            self.by_expiry = SortedList((t.created + t.ttl, t.created, t.id) for t in self.tasks.values())
+        elif limit <= 0:
+            self.by_expiry = None
+
+    def place_claim(self, claim: Claim) -> None:
+        self.claims[claim.id] = claim
+        self.claim_times.add((claim.expires, claim.id))
+
+    def unplace_claim(self, claim: Claim) -> None:
+        if self.claims.get(claim.id) is claim:
+            del self.claims[claim.id]
+            self.claim_times.remove((claim.expires, claim.id))
+
+    def unused(self) -> bool:
+        """Nothing here that memory must keep: the tube can be forgotten (a record that only
+        names its kind goes with it)."""
+        stored = self.options is not None and (self.kind.stored_tubes or bool(set(self.options) - {"kind"}))
+        return not (
+            self.tasks or self.waiters or self.claims or stored
+            or self.limit or self.monitor_running or self.unique_lock is not None or self.pending
+        )
+
+    # -- statistics and signals ---------------------------------------------------------------
+
+    def count(self, counter: str, by: int = 1) -> None:
+        self.stats[counter] = self.stats.get(counter, 0) + by
+
+    def uncount(self, counter: str, by: int = 1) -> None:
+        """Take back a count whose change was undone (its write failed)."""
+        left = self.stats.get(counter, 0) - by
+        if left > 0:
+            self.stats[counter] = left
+        else:
+            self.stats.pop(counter, None)
+
+    def wake_one_consumer(self) -> None:
+        """Wake the longest-waiting take, if any (the 1.5 capacity-one channel, without the
+        token a put left for nobody: a take always looks before it waits)."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.is_set():
+                waiter.set()
+                return
+
+    def wake_monitor_for(self, when: float) -> None:
+        """Wake the monitor if ``when`` comes before the time it sleeps until."""
+        if when < self.monitor_until:
+            self.monitor_wakeup.set()
