@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 from boxqueue import tarantool_cfg
 from boxqueue.config_model import (
@@ -63,6 +62,7 @@ from boxqueue.config_model import (
     ZaqarConfig,
     ZaqarToken,
     absolute_path,
+    config_error,
     default_index_name,
     dotted,
     index_problem,
@@ -197,63 +197,10 @@ def _from_toml(source: Path, text: str, data: dict[str, Any]) -> Config:
     try:
         config = Config.model_validate(data, context={"folder": source.parent})
     except ValidationError as err:
-        raise _config_error(str(source), lines, err) from None
+        raise config_error(str(source), lines.line_of, err) from None
     # The 1.5 cfg's own errors name it as the file names it (relative to the working directory).
     shown = Path(os.path.normpath(source.parent / data["tarantool_cfg"])) if config.tarantool_cfg else None
     return _WholeFile(str(source), lines).settle(config, shown).with_source(source)
-
-
-def _config_error(file: str, lines: TomlLines, err: ValidationError) -> ConfigError:
-    """The problem that comes first in the file, worded as the rest of the server words them."""
-    found = [(e["type"] != "extra_forbidden", _where(e), _message(e)) for e in err.errors(include_url=False)]
-    # An unknown key first (a misspelt key also makes the right one missing), then by line.
-    (_, path, message) = min(found, key=lambda f: (f[0], lines.line_of(f[1]) or 1 << 30))
-    return ConfigError(file, lines.line_of(path), message, key=dotted(path))
-
-
-def _where(error: ErrorDetails) -> Key:
-    return tuple(error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
-
-
-def _message(error: ErrorDetails) -> str:
-    loc = tuple(error["loc"])
-    kind = error["type"]
-    value = error["input"]
-    ctx = error.get("ctx") or {}
-    key = dotted(loc)
-    if kind == "boxqueue":
-        return str(ctx["text"]).replace("{key}", dotted(_where(error))).replace("{path}", key)
-    if kind in ("extra_forbidden", "missing"):
-        parent = loc[:-1]
-        where = f" in [{parent[0]}]" if len(parent) == 1 else f" in {dotted(parent)}" if parent else ""
-        verb = "unknown" if kind == "extra_forbidden" else "missing"
-        return f"{verb} key {loc[-1]!r}{where}"
-    if kind == "greater_than_equal":
-        bound = ctx["ge"]
-        if isinstance(bound, float):  # a number of seconds: the bound as written
-            return f"{key} must be at least {bound:g}"
-        return f"{key} must be at least {bound}, not {value}"
-    if kind == "literal_error":
-        return f"bad {key}: {show(value)} (expected {ctx['expected'].replace(chr(39), '')})"
-    wanted = _WANTED.get(kind)
-    if wanted is not None:
-        return f"{key} must be {wanted}, not {show(value)}"
-    return f"{key}: {error['msg']}"
-
-
-_WANTED = {
-    "int_type": "an integer",
-    "int_from_float": "an integer",
-    "float_type": "a number",
-    "finite_number": "a number",
-    "bool_type": "true or false",
-    "string_type": "a string",
-    "model_type": "a table",
-    "model_attributes_type": "a table",
-    "dict_type": "a table",
-    "tuple_type": "an array",
-    "list_type": "an array",
-}
 
 
 class _WholeFile:

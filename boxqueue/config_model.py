@@ -34,11 +34,12 @@ from pydantic import (
     PlainValidator,
     PrivateAttr,
     Strict,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from boxqueue.spaces import fieldtypes
 
@@ -89,6 +90,63 @@ def problem(text: str, *at: str | int) -> PydanticCustomError:
     """A rule's failure: ``text`` may hold ``{key}`` (the value's dotted path, ``at`` included) and
     ``{path}`` (the dotted path of the table whose validator found it)."""
     return PydanticCustomError("boxqueue", "{text}", {"text": text, "at": tuple(at)})
+
+
+# -- pydantic's errors in our words ---------------------------------------------------------------
+
+
+def config_error(file: str, line_of: Callable[[Key], int | None], err: ValidationError) -> ConfigError:
+    """The problem that comes first in the file, worded as the rest of the server words them;
+    ``line_of`` says where a key is in the file (pydantic knows no lines)."""
+    found = [(e["type"] != "extra_forbidden", _where(e), _message(e)) for e in err.errors(include_url=False)]
+    # An unknown key first (a misspelt key also makes the right one missing), then by line.
+    (_, path, message) = min(found, key=lambda f: (f[0], line_of(f[1]) or 1 << 30))
+    return ConfigError(file, line_of(path), message, key=dotted(path))
+
+
+def _where(error: ErrorDetails) -> Key:
+    return tuple(error["loc"]) + tuple((error.get("ctx") or {}).get("at", ()))
+
+
+def _message(error: ErrorDetails) -> str:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    value = error["input"]
+    ctx = error.get("ctx") or {}
+    key = dotted(loc)
+    if kind == "boxqueue":
+        return str(ctx["text"]).replace("{key}", dotted(_where(error))).replace("{path}", key)
+    if kind in ("extra_forbidden", "missing"):
+        parent = loc[:-1]
+        where = f" in [{parent[0]}]" if len(parent) == 1 else f" in {dotted(parent)}" if parent else ""
+        verb = "unknown" if kind == "extra_forbidden" else "missing"
+        return f"{verb} key {loc[-1]!r}{where}"
+    if kind == "greater_than_equal":
+        bound = ctx["ge"]
+        if isinstance(bound, float):  # a number of seconds: the bound as written
+            return f"{key} must be at least {bound:g}"
+        return f"{key} must be at least {bound}, not {value}"
+    if kind == "literal_error":
+        return f"bad {key}: {show(value)} (expected {ctx['expected'].replace(chr(39), '')})"
+    wanted = _WANTED.get(kind)
+    if wanted is not None:
+        return f"{key} must be {wanted}, not {show(value)}"
+    return f"{key}: {error['msg']}"
+
+
+_WANTED = {
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "finite_number": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+    "dict_type": "a table",
+    "tuple_type": "an array",
+    "list_type": "an array",
+}
 
 
 def dotted(path: Sequence[str | int]) -> str:

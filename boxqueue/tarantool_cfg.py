@@ -14,6 +14,10 @@ Listeners: 1.5 bound every port to ``bind_ipaddr`` (default INADDR_ANY). Here th
 ``bind_ipaddr`` when the file sets it (``INADDR_ANY`` meaning 0.0.0.0) and 127.0.0.1 otherwise,
 because this server gives guest full rights when no users are configured. A port of 0 (1.5's
 "not set") leaves that listener off.
+
+The syntax is read by a parser of its own (it is not TOML); what it reads is validated by pydantic
+models of the 1.5 shapes (``_File``, ``_Space``, ``_Index``, ``_KeyField``), whose errors are worded
+as the TOML configuration's, and becomes the same ``SpaceConfig`` models the TOML file declares.
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    Strict,
+    ValidationError,
+    model_validator,
+)
 
 from boxqueue.config_model import (
     INDEX_TYPES,
@@ -31,11 +44,14 @@ from boxqueue.config_model import (
     IndexConfig,
     Key,
     PartConfig,
+    Section,
     SpaceConfig,
+    config_error,
     default_index_name,
     dotted,
     index_problem,
     listener_clash,
+    problem,
     read_text,
     show,
 )
@@ -62,9 +78,6 @@ PORT_OPTIONS = ("primary_port", "secondary_port", "admin_port")
 # Every top-level scalar option a 1.5 file may hold ("space" and "namespace" aside).
 OPTIONS = IGNORED_OPTIONS | set(PORT_OPTIONS) | {"bind_ipaddr"}
 
-_SPACE_KEYS = frozenset({"enabled", "cardinality", "arity", "estimated_rows", "index"})
-_INDEX_KEYS = frozenset({"type", "unique", "key_field"})
-_KEY_FIELD_KEYS = frozenset({"fieldno", "type"})
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ def parse_tarantool_cfg(text: str, source: str) -> TarantoolCfg:
     """Read a 1.5 cfg's text; ``source`` names the file in errors."""
     parser = _Parser(source, text)
     parser.document()
-    return _Reader(source, parser.lines).read(parser.root)
+    return _read(source, parser.lines, parser.root)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,152 +285,158 @@ def _scalar(token: _Token) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-class _Reader:
-    def __init__(self, file: str, lines: dict[Key, int]) -> None:
-        self.file = file
-        self.lines = lines
+def _is_array(value: Any) -> Any:
+    if type(value) is not _Array:
+        raise problem(f"{{key}} must be an array, not {_show(value)}")
+    return value
 
-    def fail(self, path: Key, message: str) -> ConfigError:
-        key = tuple(path)
-        while key and key not in self.lines:
-            key = key[:-1]
-        return ConfigError(self.file, self.lines.get(key), message, key=dotted(path))
 
-    def read(self, root: dict[str, Any]) -> TarantoolCfg:
-        spaces: list[SpaceConfig] = []
-        for key, value in root.items():
-            if key in ("space", "namespace"):
-                spaces += self.spaces(value, (key,))
-            elif key not in OPTIONS:
-                raise self.fail((key,), f"unknown key {key!r}")
-        host = self.host(root)
-        listen, read_only, admin = (self.listener(root, key, host) for key in PORT_OPTIONS)
-        clash = listener_clash([(("primary_port",), listen), (("secondary_port",), read_only), (("admin_port",), admin)])
-        if clash is not None:
-            raise self.fail(clash[0], f"{dotted(clash[0])} is the same port as {dotted(clash[1])}")
-        ids = [s.id for s in spaces]
-        if len(set(ids)) != len(ids):
-            raise self.fail(("namespace",), "both space and namespace define the same space")
-        return TarantoolCfg(Path(self.file), listen, read_only, admin, spaces=tuple(spaces))
+def _dense(items: dict[int, Any]) -> dict[int, Any]:
+    """An array that must be given as items 0, 1, 2... without gaps, and not empty."""
+    if not items:
+        raise problem("{key} is empty")
+    for n in range(len(items)):
+        if n not in items:
+            raise problem(f"{{key}}[{n}] is missing")
+    return items
 
-    def host(self, root: dict[str, Any]) -> str:
-        value = root.get("bind_ipaddr", DEFAULT_HOST)
-        if value == "INADDR_ANY":
-            return "0.0.0.0"
-        if not isinstance(value, str):
-            raise self.fail(("bind_ipaddr",), f"bind_ipaddr must be a string, not {_show(value)}")
-        try:
-            Address.parse(f"[{value}]:0" if ":" in value else f"{value}:0")
-        except ValueError:
-            raise self.fail(("bind_ipaddr",), f"bad bind_ipaddr: {_show(value)}") from None
+
+def _flag(value: Any) -> Any:
+    if value in (0, 1) and type(value) in (int, bool):
+        return bool(value)
+    raise problem(f"{{key}} must be 0 or 1, not {_show(value)}")
+
+
+def _port(value: Any) -> Any:
+    if type(value) is int and 0 <= value <= 65535:
         return value
+    raise problem(f"bad port in {{key}}: {_show(value)}")
 
-    def listener(self, root: dict[str, Any], key: str, host: str) -> Address | None:
-        value = root.get(key, 0)
-        if type(value) is not int or not 0 <= value <= 65535:
-            raise self.fail((key,), f"bad port in {key}: {_show(value)}")
-        return Address(host, value) if value else None
 
-    def spaces(self, value: Any, path: Key) -> list[SpaceConfig]:
+def _host(value: Any) -> Any:
+    if value == "INADDR_ANY":
+        return "0.0.0.0"
+    if not isinstance(value, str):
+        raise problem(f"{{key}} must be a string, not {_show(value)}")
+    try:
+        Address.parse(f"[{value}]:0" if ":" in value else f"{value}:0")
+    except ValueError:
+        raise problem(f"bad {{key}}: {_show(value)}") from None
+    return value
+
+
+def _index_type(value: Any) -> Any:
+    if isinstance(value, str) and value.upper() in INDEX_TYPES:
+        return value.upper()
+    raise problem(f"unsupported index type in {{key}}: {_show(value)} (expected TREE or HASH)")
+
+
+def _key_type(value: Any) -> Any:
+    canonical = fieldtypes.normalize(value)
+    if canonical is None or not fieldtypes.indexable(canonical):
+        raise problem(f"unknown key type in {{key}}: {_show(value)} (expected STR, NUM or NUM64)")
+    return canonical
+
+
+def _fieldno(value: Any) -> Any:
+    if type(value) is int and value >= 0:
+        return value
+    raise problem(f"{{key}} must be a field number, not {_show(value)}")
+
+
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Port = Annotated[int, BeforeValidator(_port)]
+
+
+Item = TypeVar("Item")
+# An array of the cfg (an ``_Array``: ``space[3]`` may come without ``space[0..2]``).
+Items = Annotated[dict[int, Item], BeforeValidator(_is_array)]
+
+
+class _KeyField(Section):
+    fieldno: Annotated[int, BeforeValidator(_fieldno)] = Field(description="the field's number, from 0")
+    type: Annotated[str, BeforeValidator(_key_type)] = Field(description="STR, NUM or NUM64")
+
+
+class _Index(Section):
+    type: Annotated[str, BeforeValidator(_index_type)] = Field("TREE", description="TREE or HASH")
+    unique: Flag = Field(True, description="0 or 1")
+    key_field: Annotated[Items[_KeyField], AfterValidator(_dense)] = Field(description="the key parts")
+
+
+class _Space(Section):
+    enabled: Flag = Field(True, description="0: the space is skipped")
+    cardinality: Annotated[int, Strict()] | None = Field(None, description="accepted, not used")
+    arity: Annotated[int, Strict()] | None = Field(None, description="accepted, not used")
+    estimated_rows: Annotated[int, Strict()] | None = Field(None, description="accepted, not used")
+    index: Annotated[Items[_Index], AfterValidator(_dense)] = Field(description="the indexes, the primary key first")
+
+    @model_validator(mode="after")
+    def _index_rules(self) -> _Space:
+        for position, index in enumerate(self.indexes()):
+            trouble = index_problem(index, position)
+            if trouble is not None:
+                raise problem(f"{{path}}.index[{position}]: {trouble}", "index", position)
+        return self
+
+    def indexes(self) -> tuple[IndexConfig, ...]:
+        return tuple(
+            IndexConfig(
+                name=default_index_name(position), type=raw.type, unique=raw.unique,
+                parts=tuple(PartConfig(field=k.fieldno, type=k.type) for _, k in sorted(raw.key_field.items())),
+            )
+            for position, (_, raw) in enumerate(sorted(self.index.items()))
+        )
+
+
+class _File(Section):
+    """A 1.5 file: its ports and spaces; its other options are accepted and ignored."""
+
+    primary_port: Port = Field(0, description="the binary protocol; 0: off")
+    secondary_port: Port = Field(0, description="the read-only port; 0: off")
+    admin_port: Port = Field(0, description="the admin console; 0: off")
+    bind_ipaddr: Annotated[str, BeforeValidator(_host)] = Field(DEFAULT_HOST, description="every port's host")
+    space: Items[_Space] = Field(_Array(), description="spaces 0, 1, 2, ...")
+    namespace: Items[_Space] = Field(_Array(), description="1.4's name for space")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignored(cls, value: Any) -> Any:
+        return {k: v for k, v in value.items() if k not in IGNORED_OPTIONS} if isinstance(value, dict) else value
+
+    def spaces(self) -> list[SpaceConfig]:
         out = []
-        for number, entry in sorted(self.array(value, path).items()):
-            space = self.space(entry, (*path, number), number)
-            if space is not None:
-                out.append(space)
+        for items in (self.space, self.namespace):
+            for number, entry in sorted(items.items()):
+                if entry.enabled:
+                    out.append(as_queue_space(SpaceConfig(id=number, name=f"space{number}", indexes=entry.indexes())))
         return out
 
-    def space(self, entry: Any, path: Key, number: int) -> SpaceConfig | None:
-        t = self.table(entry, path, _SPACE_KEYS)
-        if not self.flag(t, path, "enabled", True):
-            return None
-        for key in ("cardinality", "arity", "estimated_rows"):
-            if key in t and type(t[key]) is not int:
-                raise self.fail((*path, key), f"{dotted((*path, key))} must be an integer")
-        if "index" not in t:
-            raise self.fail(path, f"{dotted(path)}: missing key 'index'")
-        indexes = self.dense(t["index"], (*path, "index"))
-        return as_queue_space(
-            SpaceConfig(
-                id=number,
-                name=f"space{number}",
-                engine="memtx",
-                format=(),
-                indexes=tuple(self.index(raw, (*path, "index", i), i) for i, raw in enumerate(indexes)),
-            )
-        )
 
-    def index(self, entry: Any, path: Key, position: int) -> IndexConfig:
-        t = self.table(entry, path, _INDEX_KEYS)
-        itype = t.get("type", "TREE")
-        if not isinstance(itype, str) or itype.upper() not in INDEX_TYPES:
-            raise self.fail(
-                (*path, "type"),
-                f"unsupported index type in {dotted(path)}.type: {_show(itype)} "
-                "(expected TREE or HASH)",
-            )
-        if "key_field" not in t:
-            raise self.fail(path, f"{dotted(path)}: missing key 'key_field'")
-        key_fields = self.dense(t["key_field"], (*path, "key_field"))
-        parts = tuple(self.part(raw, (*path, "key_field", i)) for i, raw in enumerate(key_fields))
-        index = IndexConfig(
-            name=default_index_name(position), type=itype.upper(), unique=self.flag(t, path, "unique", True),
-            parts=parts,
-        )
-        problem = index_problem(index, position)
-        if problem is not None:
-            raise self.fail(path, f"{dotted(path)}: {problem}")
-        return index
+def _read(file: str, lines: dict[Key, int], root: dict[str, Any]) -> TarantoolCfg:
+    def line_of(path: Key) -> int | None:
+        key = tuple(path)
+        while key and key not in lines:
+            key = key[:-1]
+        return lines.get(key)
 
-    def part(self, entry: Any, path: Key) -> PartConfig:
-        t = self.table(entry, path, _KEY_FIELD_KEYS)
-        for key in ("fieldno", "type"):
-            if key not in t:
-                raise self.fail(path, f"{dotted(path)}: missing key {key!r}")
-        fieldno = t["fieldno"]
-        if type(fieldno) is not int or fieldno < 0:
-            raise self.fail(
-                (*path, "fieldno"), f"{dotted(path)}.fieldno must be a field number, "
-                f"not {_show(fieldno)}",
-            )
-        ftype = fieldtypes.normalize(t["type"])
-        if ftype is None or not fieldtypes.indexable(ftype):
-            raise self.fail(
-                (*path, "type"),
-                f"unknown key type in {dotted(path)}.type: {_show(t['type'])} "
-                "(expected STR, NUM or NUM64)",
-            )
-        return PartConfig(field=fieldno, type=ftype)
-
-    # -- shapes ------------------------------------------------------------------------------
-
-    def table(self, value: Any, path: Key, allowed: frozenset[str]) -> dict[str, Any]:
-        if type(value) is not dict:
-            raise self.fail(path, f"{dotted(path)} must be a table, not {_show(value)}")
-        for key in value:
-            if key not in allowed:
-                raise self.fail((*path, key), f"unknown key {key!r} in {dotted(path)}")
-        return value
-
-    def array(self, value: Any, path: Key) -> _Array:
-        if type(value) is not _Array:
-            raise self.fail(path, f"{dotted(path)} must be an array, not {_show(value)}")
-        return value
-
-    def dense(self, value: Any, path: Key) -> list[Any]:
-        """An array that must be given as items 0, 1, 2... without gaps, and not empty."""
-        items = self.array(value, path)
-        if not items:
-            raise self.fail(path, f"{dotted(path)} is empty")
-        for n in range(len(items)):
-            if n not in items:
-                raise self.fail(path, f"{dotted((*path, n))} is missing")
-        return [items[n] for n in range(len(items))]
-
-    def flag(self, t: dict[str, Any], path: Key, key: str, default: bool) -> bool:
-        value = t.get(key, default)
-        if value in (0, 1) and type(value) in (int, bool):
-            return bool(value)
-        raise self.fail((*path, key), f"{dotted((*path, key))} must be 0 or 1, not {_show(value)}")
+    try:
+        cfg = _File.model_validate(root)
+    except ValidationError as err:
+        raise config_error(file, line_of, err) from None
+    host = cfg.bind_ipaddr
+    listen, read_only, admin = (
+        Address(host, port) if port else None for port in (cfg.primary_port, cfg.secondary_port, cfg.admin_port)
+    )
+    clash = listener_clash([(("primary_port",), listen), (("secondary_port",), read_only), (("admin_port",), admin)])
+    if clash is not None:
+        key, other, _ = clash
+        raise ConfigError(file, line_of(key), f"{dotted(key)} is the same port as {dotted(other)}", key=dotted(key))
+    spaces = cfg.spaces()
+    if len({s.id for s in spaces}) != len(spaces):
+        message = "both space and namespace define the same space"
+        raise ConfigError(file, line_of(("namespace",)), message, key="namespace")
+    return TarantoolCfg(Path(file), listen, read_only, admin, spaces=tuple(spaces))
 
 
 # The box.queue layout (field numbers per index) and the msgpack-era type of each of its fields:

@@ -435,7 +435,7 @@ def test_neither_toml_nor_cfg(tmp_path: Path) -> None:
     )
     # readable as a cfg, with a cfg problem: that problem is reported...
     assert error(tmp_path, "space[0].enabled = 1\n", name="x.conf") == (
-        "x.conf:1: space[0]: missing key 'index'"
+        "x.conf:1: missing key 'index' in space[0]"
     )
     # ... unless the file says it is TOML
     assert error(tmp_path, "data_dir = 'd'\nwal.mode = fsync\n") == (

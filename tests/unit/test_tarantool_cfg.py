@@ -345,9 +345,9 @@ def test_index_rules() -> None:
 
 
 def test_missing_pieces() -> None:
-    assert error("space[0].enabled = 1\n") == "x.cfg:1: space[0]: missing key 'index'"
+    assert error("space[0].enabled = 1\n") == "x.cfg:1: missing key 'index' in space[0]"
     text = "space[0].index[0].key_field[0].fieldno = 0\n"
-    assert error(text) == "x.cfg:1: space[0].index[0].key_field[0]: missing key 'type'"
+    assert error(text) == "x.cfg:1: missing key 'type' in space[0].index[0].key_field[0]"
     text = "space[0].index[1].key_field[0].fieldno = 0\nspace[0].index[1].key_field[0].type = 'STR'\n"
     assert error(text) == "x.cfg:1: space[0].index[0] is missing"
     assert error("space = [ { index = [] } ]\n") == "x.cfg:1: space[0].index is empty"
