@@ -285,7 +285,7 @@ class _FrontDoor:
     async def _dispatch(self, raw: trio.SocketStream) -> None:
         stream: trio.SocketStream | trio.SSLStream = raw
         received = bytearray()
-        chunk = b""
+        chunk: bytes | bytearray = b""
         with trio.move_on_after(self.listening.header_timeout_s):
             if self.listening.ssl_context is not None:
                 tls = trio.SSLStream(raw, self.listening.ssl_context, server_side=True, https_compatible=True)
@@ -330,7 +330,8 @@ class _FrontDoor:
 
     async def _hypercorn(self, stream: trio.abc.HalfCloseableStream) -> None:
         """Serve the connection with hypercorn, replaying what was read from it already."""
-        await _ConnectionServer(self.app, self.config, self.context, ConnectionState({}), stream)
+        # hypercorn's annotation names its own listeners' stream type; it serves any trio stream.
+        await _ConnectionServer(self.app, self.config, self.context, ConnectionState({}), stream)  # type: ignore[arg-type]
 
 
 class _ConnectionServer(TCPServer):
@@ -412,13 +413,14 @@ class _TlsReplay(_Replay):
     """A TLS stream whose handshake is done, with the bytes already read replayed: hypercorn
     recognises a TLS stream by ``do_handshake`` (so requests get ``scheme`` ``https``)."""
 
-    def __init__(self, stream: trio.SSLStream, head: bytes) -> None:  # type: ignore[override]
+    def __init__(self, stream: trio.SSLStream, head: bytes) -> None:
         self.stream = stream  # type: ignore[assignment]
+        self._tls = stream
         self.transport_stream = stream.transport_stream
         self._head = head
 
     async def do_handshake(self) -> None:
-        await self.stream.do_handshake()  # done already: returns at once
+        await self._tls.do_handshake()  # done already: returns at once
 
     def selected_alpn_protocol(self) -> str:
         return "http/1.1"  # the front door parses HTTP/1.1 heads; h2 is not offered

@@ -94,7 +94,7 @@ class Outcome:
     error: BoxError | None = None
 
 
-_NO_ANSWER = (True, [])
+_NO_ANSWER: tuple[bool, list[Any]] = (True, [])
 
 
 class _Run:
@@ -211,22 +211,22 @@ class LuaEngine:
         """IPROTO_EVAL: the chunk's return values at once when it finished on the event loop,
         else a coroutine that produces them; its error raised as a BoxError either way."""
         result = self._submit(ctx, None, self._prepare_eval, code, args, False)
-        return result if type(result) is list else self._values(result)
+        return result if isinstance(result, list) else self._values(result)
 
     async def console(self, ctx: CallContext, line: str,
                       set_delimiter: Callable[[str], None] | None = None) -> Outcome:
         """A console statement: tried as ``return <line>`` first, as Tarantool's console does."""
         result = self._submit(ctx, set_delimiter, self._prepare_statement, line, None, True)
-        if type(result) is list:
+        if isinstance(result, list):
             return Outcome(True, result)
-        if type(result) is Outcome:
+        if isinstance(result, Outcome):
             return result
         return await result
 
     def call_function(self, ctx: CallContext, name: str, args: tuple[Any, ...]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
         """CALL of a global Lua function defined from the console or EVAL (as :meth:`eval`)."""
         result = self._submit(ctx, None, self._prepare_call, name, args, False)
-        return result if type(result) is list else self._values(result)
+        return result if isinstance(result, list) else self._values(result)
 
     def _values(self, result: Outcome | Coroutine[Any, Any, Outcome]) -> list[Any] | Coroutine[Any, Any, list[Any]]:
         """A job's values (its error raised), or a coroutine that gives them once it finishes."""
@@ -351,7 +351,7 @@ class LuaEngine:
                     name, args = run.operation
                     run.operation = None
                     answer = self._operate(run.job, name, args)
-                    if type(answer) is tuple:
+                    if isinstance(answer, tuple):
                         run.answer = answer
                     else:
                         run.pending = answer
@@ -386,7 +386,7 @@ class LuaEngine:
                 name, args = run.operation
                 run.operation = None
                 answer = self._operate(run.job, name, args)
-                if type(answer) is not tuple:
+                if not isinstance(answer, tuple):
                     run.pending = answer
                     return
                 run.answer = answer

@@ -172,7 +172,7 @@ class Operations:
     def space(self, job: Job, space_id: Any, iid: Any, method: Any, *args: Any) -> Any:
         """``box.space[id].index[iid]:method(...)`` through the registry's space methods."""
         key = (space_id, iid, method) if type(space_id) is int and type(iid) is int and type(method) is str else None
-        entry = self._space_entries.get(key)
+        entry = self._space_entries.get(key) if key is not None else None
         if entry is None:
             entry = self.procedures.resolve(f"box.space.{space_id}.index.{iid}:{method}")
             if entry is None:

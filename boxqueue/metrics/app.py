@@ -121,7 +121,7 @@ class MetricsApp:
 
         def write() -> bytes:
             families = fixed + list(tube_families(rows, totals)) + list(self.process.collect())
-            return generate_latest(_Collected(families))  # type: ignore[arg-type]
+            return generate_latest(_Collected(families))
 
         body = await trio.to_thread.run_sync(write, limiter=self.limiter)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -91,7 +91,7 @@ async def tube_rows_paced(engine: Any, catalog: Any, chunk: int = 1000) -> list[
     them never holds requests up for long (a tube that changes meanwhile is read as it is then)."""
     now_us = time.time_ns() // 1000
     entries = tube_entries(engine, catalog)
-    rows = []
+    rows: list[TubeRow] = []
     for first in range(0, len(entries), chunk):
         rows.extend(row_of(entry, now_us) for entry in entries[first:first + chunk])
         await trio.lowlevel.checkpoint()

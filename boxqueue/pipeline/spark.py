@@ -82,6 +82,7 @@ class BoxqueueDataSource(DataSource):
                     self._call(conn, "box.queue.truncate", [queue_space.id, opts.tube],
                                f"truncating tube '{opts.tube}'")
                 return writer
+            assert opts.space  # a space or a tube, checked above
             space = describe_space(conn, opts.space, opts.uri)
             writer = SpaceWriter(opts, space, schema)
             if overwrite:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -202,7 +202,7 @@ class EtcdClient:
     # watch
 
     async def watch(self, key: bytes, start_revision: int | None = None,
-                    ) -> AsyncIterator[WatchEvent]:
+                    ) -> AsyncGenerator[WatchEvent, None]:
         """The key's changes from ``start_revision`` (else from now), as long as the consumer
         iterates. Cancelling the consumer closes the stream; a consumer that stops early by
         ``break`` should hold the iterator in ``contextlib.aclosing`` so it closes at once.
@@ -233,7 +233,7 @@ class EtcdClient:
                     raise EtcdError(f"{what}: watch canceled by etcd: {reason}")
                 revision = _revision(result)
                 for event in result.get("events", []):
-                    kind = "DELETE" if event.get("type") == "DELETE" else "PUT"
+                    kind: Literal["PUT", "DELETE"] = "DELETE" if event.get("type") == "DELETE" else "PUT"
                     yield WatchEvent(kind, _kv(event.get("kv", {}), revision))
         except httpx.HTTPError as exc:
             raise EtcdError(f"{what}: {type(exc).__name__} {exc}") from exc

@@ -6,7 +6,7 @@ import h11
 import trio
 
 from boxqueue.facades.asgi_serving import PLAIN, Handler, Listening, serve_asgi
-from boxqueue.facades.http_meter import MeteredApp
+from boxqueue.facades.http_meter import ASGIApp, MeteredApp
 from boxqueue.facades.sonya.app import SonyaApi
 from boxqueue.facades.sonya.longpolls import LongPolls
 from boxqueue.facades.sonya.socket_listeners import WebSocketListeners
@@ -32,7 +32,7 @@ async def serve_sonya(
     first so open long-polls are answered); started() with the bound port. With a ``meter``,
     every request is counted in it (by endpoint, status and time)."""
     tokens = Tokens(service_token, jwt_ttl_s)
-    app = SonyaApi(broadcast, tokens, longpoll_max_wait_s).app()
+    app: ASGIApp = SonyaApi(broadcast, tokens, longpoll_max_wait_s).app()
     if meter is not None:
         app = MeteredApp(app, meter)
     sockets = WebSocketListeners(broadcast, tokens, meter)

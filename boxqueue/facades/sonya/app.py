@@ -235,7 +235,7 @@ async def _read_body(request: Request) -> bytes:
     """The body, or 413 once it passes the limit. The excess is read and dropped (up to
     ``DRAIN_BYTES``) before answering, so a client still uploading gets the 413 rather than a
     reset connection; memory holds at most the limit."""
-    chunks = []
+    chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)

@@ -42,7 +42,7 @@ def http_response(conn: h11.Connection, answer: Response, close: bool = False) -
     if close:
         headers.append((b"connection", b"close"))
     data = conn.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
-    data += conn.send(h11.Data(data=answer.body)) or b""
+    data += conn.send(h11.Data(data=bytes(answer.body))) or b""  # bytes already: no copy
     return data + (conn.send(h11.EndOfMessage()) or b"")
 
 
@@ -63,7 +63,7 @@ def fast_response(answer: Response, keep: bool) -> bytes:
     if not keep:
         lines.append(b"Connection: close\r\n")  # as h11 writes it
     lines.append(b"\r\n")
-    lines.append(answer.body)
+    lines.append(bytes(answer.body))  # bytes already: no copy
     return b"".join(lines)
 
 

@@ -26,7 +26,8 @@ class AdminHandlers:
     queues: ZaqarQueues
     limits: Limits
 
-    async def read_body(self, call: Call, **kwargs: Any) -> Any:
+    async def read_body(self, call: Call, *, max_size: int | None = None, too_large: str = "",
+                        empty_is_none: bool = False, required: bool = True) -> Any:
         raise NotImplementedError  # the app's body reader
 
     # -- health ----------------------------------------------------------------------------
