@@ -130,8 +130,7 @@ def load_config(path: str | Path, data_dir_override: str | None = None) -> Confi
     else:
         config = _from_toml_or_cfg(source, text)
     if data_dir_override is not None:
-        config = config.model_copy(update={"data_dir": absolute_path(Path(data_dir_override))})
-        config = config.with_source(source)
+        config = config.model_copy(update={"data_dir": absolute_path(Path(data_dir_override))})  # keeps the source
     return config
 
 

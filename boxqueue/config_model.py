@@ -308,14 +308,19 @@ class Section(BaseModel):
 # -- TLS ---------------------------------------------------------------------------------------
 
 
-def _readable_file(value: Any, info: ValidationInfo) -> Any:
-    if isinstance(value, Path):
-        return value
+def _given_path(value: Any, info: ValidationInfo) -> Path:
+    """A path the file names (a non-empty string), relative to the file's folder."""
     if not isinstance(value, str):
         raise problem("{key} must be a string, not " + show(value))
     if not value:
         raise problem("{key} is empty")
-    found = absolute_path(_folder(info) / value)
+    return _folder(info) / value
+
+
+def _readable_file(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, Path):
+        return value
+    found = absolute_path(_given_path(value, info))
     if not os.access(found, os.R_OK) or not found.is_file():
         raise problem(f"{{key}}: cannot read {found}")
     return found
@@ -852,21 +857,13 @@ class ReplicationConfig(Section):
 def _data_dir(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, Path):
         return value
-    if not isinstance(value, str):
-        raise problem("{key} must be a string, not " + show(value))
-    if not value:
-        raise problem("{key} is empty")
-    return absolute_path(_folder(info) / value)
+    return absolute_path(_given_path(value, info))
 
 
 def _cfg_file(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, Path) or value is None:
         return value
-    if not isinstance(value, str):
-        raise problem("{key} must be a string, not " + show(value))
-    if not value:
-        raise problem("{key} is empty")
-    shown = Path(os.path.normpath(_folder(info) / value))
+    shown = Path(os.path.normpath(_given_path(value, info)))
     if not shown.is_file():
         raise problem(f"tarantool_cfg: no such file: {shown}")
     return absolute_path(shown)
