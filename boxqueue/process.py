@@ -25,6 +25,7 @@ from boxqueue.facades.zaqar.responses import Limits
 from boxqueue.iproto.builtins import register_builtins
 from boxqueue.iproto.console import ConsoleServer
 from boxqueue.iproto.dispatch import Dispatcher
+from boxqueue.iproto.group_sends import GroupSends
 from boxqueue.iproto.request_stats import RequestStats
 from boxqueue.iproto.server import IprotoServer
 from boxqueue.iproto.session import Session
@@ -326,6 +327,8 @@ class Server:
             )
             self.procedures = procedures
             self.dispatcher = dispatcher
+            group_sends = GroupSends()
+            committer.around_answers = (group_sends.begin, group_sends.end)
             iproto = IprotoServer(
                 catalog,
                 dispatcher,
@@ -335,6 +338,7 @@ class Server:
                 max_connections=config.iproto.max_connections,
                 # Latency per chunk costs two clock reads per chunk: only when someone looks.
                 latency=Histogram() if config.metrics is not None else None,
+                group_sends=group_sends,
             )
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)

@@ -31,6 +31,7 @@ import trio
 
 from boxqueue.iproto import codec
 from boxqueue.iproto.dispatch import Dispatcher
+from boxqueue.iproto.group_sends import GroupSends
 from boxqueue.iproto.outbox import Outbox
 from boxqueue.iproto.session import Session
 from boxqueue.iproto.socket_io import DirectSocket, StreamIO
@@ -53,6 +54,7 @@ class Connection:
         max_inflight: int,
         io: StreamIO | None = None,
         latency: Histogram | None = None,
+        group_sends: GroupSends | None = None,
     ) -> None:
         self.stream = stream
         self.dispatcher = dispatcher
@@ -61,6 +63,10 @@ class Connection:
         self.io = io if io is not None else DirectSocket(stream)  # StreamIO: a TLS stream
         self.decoder = codec.RequestDecoder(max_packet)
         self.outbox = Outbox(max_inflight)
+        if group_sends is not None and isinstance(self.io, DirectSocket):
+            # Answers to writes go out at the end of their group, from the committing task.
+            self.outbox.sends = group_sends
+            self.outbox.send_now = self._send_now
         self._reading = trio.CancelScope()
         self._sending = False
         self._drained = trio.Event()
@@ -253,6 +259,27 @@ class Connection:
             self._sending = False
             if not outbox.out:
                 self._drained.set()
+
+    def _send_now(self) -> None:
+        """Send what is answered without waiting (a group's end, see group_sends.py); what the
+        socket does not take, or an error, is left to the sender task."""
+        outbox = self.outbox
+        if self._sending or not outbox.out:
+            return  # a send is under way: it takes what was added
+        if self._writes_of_chunks:
+            self._writes_answered()
+        io = self.io
+        assert isinstance(io, DirectSocket)
+        data = outbox.take()
+        try:
+            sent = io.send_some(data)
+        except OSError:
+            sent = 0  # the sender task meets the error and closes the connection
+        if sent < len(data):
+            outbox.out = data[sent:] if sent else data  # nothing was added meanwhile: no await
+            outbox.wake_sender()
+        elif not outbox.out:
+            self._drained.set()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:
         """Sends what is answered outside the receive loop (commits, calls)."""

@@ -7,6 +7,9 @@ cdef class Outbox:
     cdef public object sender_waiting
     cdef public object reader_waiting
     cdef public unsigned long long answers
+    cdef public object sends
+    cdef public object send_now
+    cdef public bint send_queued
 
     cpdef void reply_later(self, bytes packet)
     cpdef void answered(self)

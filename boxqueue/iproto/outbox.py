@@ -21,6 +21,12 @@ class Outbox:
         self.sender_waiting = None
         self.reader_waiting = None
         self.answers = 0  # pending requests answered so far (the connection measures latency by it)
+        # Set by a connection that can send without waiting (a plain socket): answers written
+        # while a group's callbacks run are sent at the group's end by ``send_now``
+        # (boxqueue/iproto/group_sends.py), without waking the sender task.
+        self.sends = None
+        self.send_now = None
+        self.send_queued = False
 
     def reply_later(self, packet: bytes) -> None:
         """The answer to a pending request, as whole response bytes."""
@@ -40,6 +46,12 @@ class Outbox:
     def wake_sender(self) -> None:
         waiting = self.sender_waiting
         if waiting is not None:
+            sends = self.sends
+            if sends is not None and sends.collecting:
+                if not self.send_queued:  # sent when the group's callbacks are done
+                    self.send_queued = True
+                    sends.queued.append(self)
+                return
             self.sender_waiting = None
             waiting.set()
 

@@ -11,6 +11,7 @@ import trio
 from boxqueue.iproto.connection import Connection
 from boxqueue.iproto.dispatch import Dispatcher
 from boxqueue.iproto.greeting import binary_greeting
+from boxqueue.iproto.group_sends import GroupSends
 from boxqueue.iproto.listening import serve_tcp
 from boxqueue.iproto.session import Session
 from boxqueue.iproto.socket_io import StreamIO
@@ -34,6 +35,7 @@ class IprotoServer:
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int | None = None,
         latency: Histogram | None = None,
+        group_sends: GroupSends | None = None,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
@@ -45,6 +47,7 @@ class IprotoServer:
         self.connections: set[Connection] = set()
         self.accepted = 0  # connections since start
         self.latency = latency  # of every request on every connection (see Connection)
+        self.group_sends = group_sends  # answers to writes sent at their group's end (group_sends.py)
         self._no_connections = trio.Event()
         self._no_connections.set()
 
@@ -73,7 +76,7 @@ class IprotoServer:
         # TLS goes through the SSLStream.
         io = StreamIO(stream) if isinstance(stream, trio.SSLStream) else None
         conn = Connection(stream, self.dispatcher, session, greeting, self.max_packet, self.max_inflight, io,
-                          self.latency)
+                          self.latency, self.group_sends)
         self.accepted += 1
         self.connections.add(conn)
         self._no_connections = trio.Event()

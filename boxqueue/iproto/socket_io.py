@@ -51,6 +51,14 @@ class DirectSocket:
             with contextlib.suppress(BlockingIOError):
                 sent += sock.send(view[sent:])
 
+    def send_some(self, data: bytes | bytearray) -> int:
+        """Send what the socket takes now, without waiting: how many bytes it took (OSError
+        when the connection is broken)."""
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+
     def detach(self) -> None:
         """Forget the descriptor; the trio stream closes it."""
         self._sock.detach()

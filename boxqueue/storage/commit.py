@@ -97,6 +97,9 @@ class GroupCommitter:
         self._rollback: Callable[[bool], BaseException] | None = None
         # The lowest LSN the log must keep for followers that are behind (None: no need).
         self.keep_from: Callable[[], int | None] | None = None
+        # Called before and after each group's callbacks run (the iproto server sends the
+        # answers they wrote at the end: boxqueue/iproto/group_sends.py).
+        self.around_answers: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     def refuse_writes(self, error: Callable[[], BaseException] | None) -> None:
         """From now on :meth:`submit` (and so :meth:`write`) raises ``error()`` at once, before
@@ -310,7 +313,15 @@ class GroupCommitter:
         self.writes += len(batch)
         self.batch_sizes.observe(len(batch))
         self.commit_seconds.observe(time.perf_counter() - started)
-        self._queue.finish(batch)
+        around = self.around_answers
+        if around is None:
+            self._queue.finish(batch)
+            return
+        around[0]()
+        try:
+            self._queue.finish(batch)
+        finally:
+            around[1]()
 
     def _begin(self) -> Any:
         """A write transaction: a redo-noting one when there is a log, which also keeps what

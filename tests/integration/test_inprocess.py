@@ -375,3 +375,40 @@ async def test_requests_leave_no_reference_cycles_behind(tmp_path, nursery):
     assert found < 300, f"{found} objects in reference cycles after 300 cycles of 6 requests"
     await stream.aclose()
     server.stop()
+
+
+async def test_answers_to_writes_outlast_a_client_that_stops_reading(tmp_path, nursery):
+    """Answers to writes leave at the end of their group, sent by the committing task
+    (boxqueue/iproto/group_sends.py); what a full socket does not take goes to the connection's
+    sender task. A client that sends many large writes without reading fills its socket: every
+    answer must still arrive, whole and in order, once it reads, and other clients are served
+    meanwhile."""
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        'data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n[wal]\nmode = "none"\n'
+        '[[space]]\nid = 512\nname = "blobs"\n'
+        'indexes = [{ name = "pk", type = "TREE", unique = true, parts = [[0, "unsigned"]] }]\n'
+    )
+    server = Server(load_config(cfg), handle_signals=False)
+    ports = await nursery.start(server.run)
+    stream = await connect(ports.iproto)
+    blob = "b" * 16_384
+    count = 600  # about 10 MB of answers: far more than two socket buffers hold
+    await stream.send_all(b"".join(
+        frame({0: 3, 1: i}, {0x10: 512, 0x21: [i, blob]}) for i in range(count)))  # REPLACE
+    other = await connect(ports.iproto)
+    other_buf = bytearray()
+    with trio.fail_after(10):  # the stalled client holds nobody else up
+        await other.send_all(frame({0: 1, 1: 1}, {0x10: 512, 0x20: [0], 0x12: 0}))  # SELECT
+        header, _body = await read_response(other, other_buf)
+    assert header[0] == 0
+    buf = bytearray()
+    with trio.fail_after(30):
+        for i in range(count):
+            header, body = await read_response(stream, buf)
+            assert header[0] == 0, body
+            assert header[1] == i
+            assert body[0x30] == [[i, blob]]
+    await stream.aclose()
+    await other.aclose()
+    server.stop()
