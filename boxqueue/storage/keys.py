@@ -19,7 +19,6 @@ by their length and restore the true order of that group from the tuples.
 from __future__ import annotations
 
 import decimal
-import functools
 import hashlib
 import math
 import struct
@@ -100,10 +99,28 @@ def _escaped(data: bytes) -> bytes:
     return data.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
 
 
-@functools.lru_cache(maxsize=8192)
+# Short strings (a tube's name, a status letter) recur in most keys: their parts are kept in a
+# table read in C, up to _STR_PARTS_MAX of them (it starts again when full: memory stays bounded).
+# Longer ones (task ids, most data) are encoded each time rather than churn the table.
+_STR_PARTS = cython.declare(dict, {})
+_STR_PARTS_MAX = cython.declare(cython.Py_ssize_t, 8192)
+_STR_SHORT = cython.declare(cython.Py_ssize_t, 24)  # characters
+
+
+@cython.cfunc
 def _encode_str(value: str) -> bytes:
-    # Memoised: the same short strings (a tube's name, a status letter) recur in most keys.
-    return b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
+    part = _STR_PARTS.get(value)
+    if part is not None:
+        return part
+    data = value.encode("utf-8", "surrogateescape")
+    if b"\x00" in data:
+        data = data.replace(b"\x00", b"\x00\xff")
+    part = b"\x30" + data + b"\x00\x01"
+    if len(value) <= _STR_SHORT:
+        if len(_STR_PARTS) >= _STR_PARTS_MAX:
+            _STR_PARTS.clear()
+        _STR_PARTS[value] = part
+    return part
 
 
 _C_SIGN = cython.declare(cython.ulonglong, 1 << 63)
