@@ -380,9 +380,9 @@ async def test_requests_leave_no_reference_cycles_behind(tmp_path, nursery):
 async def test_answers_to_writes_outlast_a_client_that_stops_reading(tmp_path, nursery):
     """Answers to writes leave at the end of their group, sent by the committing task
     (boxqueue/iproto/group_sends.py); what a full socket does not take goes to the connection's
-    sender task. A client that sends many large writes without reading fills its socket: every
-    answer must still arrive, whole and in order, once it reads, and other clients are served
-    meanwhile."""
+    sender task. A client that sends many small writes with large answers (an update returns
+    the whole tuple) and does not read fills its socket: every answer must still arrive, whole
+    and in order, once it reads, and other clients are served meanwhile."""
     cfg = tmp_path / "w.toml"
     cfg.write_text(
         'data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n[wal]\nmode = "none"\n'
@@ -392,23 +392,32 @@ async def test_answers_to_writes_outlast_a_client_that_stops_reading(tmp_path, n
     server = Server(load_config(cfg), handle_signals=False)
     ports = await nursery.start(server.run)
     stream = await connect(ports.iproto)
+    buf = bytearray()
     blob = "b" * 16_384
-    count = 600  # about 10 MB of answers: far more than two socket buffers hold
-    await stream.send_all(b"".join(
-        frame({0: 3, 1: i}, {0x10: 512, 0x21: [i, blob]}) for i in range(count)))  # REPLACE
+    keys = 8
+    with trio.fail_after(10):
+        for k in range(keys):
+            await stream.send_all(frame({0: 3, 1: k}, {0x10: 512, 0x21: [k, 0, blob]}))  # REPLACE
+            header, _body = await read_response(stream, buf)
+            assert header[0] == 0
+    count = 600  # updates of 30 bytes whose answers hold about 10 MB: far more than the sockets hold
+    with trio.fail_after(10):
+        await stream.send_all(b"".join(  # UPDATE: field 1 += 1
+            frame({0: 4, 1: 1000 + i}, {0x10: 512, 0x11: 0, 0x20: [i % keys], 0x21: [["+", 1, 1]]})
+            for i in range(count)))
     other = await connect(ports.iproto)
     other_buf = bytearray()
     with trio.fail_after(10):  # the stalled client holds nobody else up
-        await other.send_all(frame({0: 1, 1: 1}, {0x10: 512, 0x20: [0], 0x12: 0}))  # SELECT
-        header, _body = await read_response(other, other_buf)
+        await other.send_all(frame({0: 1, 1: 1}, {0x10: 512, 0x20: [0], 0x12: 1}))  # SELECT
+        header, body = await read_response(other, other_buf)
     assert header[0] == 0
-    buf = bytearray()
+    assert body[0x30][0][0] == 0
     with trio.fail_after(30):
         for i in range(count):
             header, body = await read_response(stream, buf)
             assert header[0] == 0, body
-            assert header[1] == i
-            assert body[0x30] == [[i, blob]]
+            assert header[1] == 1000 + i
+            assert body[0x30] == [[i % keys, i // keys + 1, blob]]
     await stream.aclose()
     await other.aclose()
     server.stop()
