@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
+import cython
 import trio
 
 import boxqueue.tubes.transitions as tr
@@ -86,6 +87,7 @@ class Consumers(EngineBase):
                 self._forget_if_unused(tube)
                 return None
 
+    @cython.locals(tube=Tube, task=Task)
     def _take_ready(self, queue_space: QueueSpace, tube: Tube, consumer: int) -> Later[bytes] | None:
         task = self._first_live_ready(tube)
         if task is None:
@@ -97,6 +99,7 @@ class Consumers(EngineBase):
 
         return self._change(queue_space, tube, task, taken, counter="take", after=tube.wake_one_consumer)
 
+    @cython.locals(tube=Tube, task=Task)
     def _first_live_ready(self, tube: Tube) -> Task | None:
         """The head of the ready list, skipping tasks already past their ttl (D7): the monitor,
         woken here, deletes those."""

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import cython
 import lmdb
 import trio
 
@@ -270,6 +271,7 @@ class EngineBase:
 
     # -- memory --------------------------------------------------------------------------------
 
+    @cython.locals(tube=Tube, task=Task)
     def _add(self, tube: Tube, task: Task) -> None:
         tube.tasks[task.id] = task
         key = (tube.space_id, task.id)
@@ -282,6 +284,7 @@ class EngineBase:
             self._where[key] = [other, tube]  # type: ignore[list-item]
         self._enter(tube, task)
 
+    @cython.locals(tube=Tube, task=Task)
     def _remove(self, tube: Tube, task: Task) -> None:
         self._leave(tube, task)
         del tube.tasks[task.id]
@@ -296,6 +299,7 @@ class EngineBase:
             if len(other) == 1:
                 self._where[key] = other[0]
 
+    @cython.locals(tube=Tube, task=Task)
     def _enter(self, tube: Tube, task: Task) -> None:
         tube.enter(task)
         if task.status == TAKEN and is_session(task.cid):
@@ -305,6 +309,7 @@ class EngineBase:
         if not tube.monitor_running:
             self._start_monitor(tube)
 
+    @cython.locals(tube=Tube, task=Task)
     def _leave(self, tube: Tube, task: Task) -> None:
         tube.leave(task)
         if task.status == TAKEN and is_session(task.cid):
@@ -420,6 +425,7 @@ class EngineBase:
             raise
         return later
 
+    @cython.locals(tube=Tube, task=Task)
     def _undo_change(self, tube: Tube, task: Task, counter: str | None, before: Any, header: Any) -> None:
         """A change whose write failed: its count and the task as it was (unless changed since)."""
         if counter is not None:
@@ -633,6 +639,7 @@ def is_session(cid: Any) -> bool:
     return type(cid) is int and cid > 0
 
 
+@cython.locals(task=Task)
 def created_of(task: Task) -> int:
     return task.created
 

@@ -11,6 +11,7 @@ import math
 from collections import deque
 from typing import Any
 
+import cython
 import trio
 from sortedcontainers import SortedList
 
@@ -74,6 +75,7 @@ class Remains:
         self.tally = tally
 
 
+@cython.locals(task=Task)
 def _subqueue(task: Task) -> str:
     attrs = task.attrs
     return "" if not attrs else attrs.get("utube", "")
@@ -113,6 +115,7 @@ class Tube:
 
     # -- structures ------------------------------------------------------------------------
 
+    @cython.locals(task=Task)
     def enter(self, task: Task) -> None:
         status = task.status
         if status == READY:
@@ -131,6 +134,7 @@ class Tube:
             sub = _subqueue(task)
             self.busy[sub] = self.busy.get(sub, 0) + 1
 
+    @cython.locals(task=Task)
     def leave(self, task: Task) -> None:
         status = task.status
         if status == READY:

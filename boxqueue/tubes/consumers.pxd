@@ -1,0 +1,5 @@
+# C declarations for Cython (see boxqueue/compiled.py): the engine's task and tube types, so that
+# this module's code typed with them reads their fields directly.
+
+from boxqueue.tubes.task cimport Task
+from boxqueue.tubes.tube cimport Tube

@@ -1,0 +1,17 @@
+# C declarations of task.py for Cython (compiled from its .py; see boxqueue/compiled.py).
+# A task is a C struct for the engine's compiled modules: they read and write its fields directly.
+
+cdef class Task:
+    cdef public object id
+    cdef public object tube
+    cdef public object status
+    cdef public object event
+    cdef public object ipri
+    cdef public object pri
+    cdef public object cid
+    cdef public object created
+    cdef public object ttl
+    cdef public object ttr
+    cdef public object cbury
+    cdef public object ctaken
+    cdef public object attrs
