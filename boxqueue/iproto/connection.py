@@ -4,7 +4,9 @@ The receive loop decodes requests and answers the quick ones inline, writing the
 whole chunk of pipelined requests in one send. Writes wait for their commit and answer from its
 callback; calls that may block run as tasks in the connection's nursery. At most ``max_inflight``
 requests wait at a time: when all slots are busy the loop stops reading, which pushes back on the
-client instead of growing memory. A sender task writes the answers that arrive later.
+client instead of growing memory. Answers to writes leave at the end of their group, sent by the
+committing task (group_sends.py) on a plain socket; a sender task writes the other answers that
+arrive later (calls, TLS connections, what a full socket did not take).
 
 When the client goes away, its pending requests are cancelled (writes already queued still commit)
 and the session's disconnect callbacks run. On server shutdown the connection stops reading, lets
