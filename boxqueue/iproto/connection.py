@@ -104,6 +104,8 @@ class Connection:
                         await self._flush()
                     nursery.cancel_scope.cancel()
         finally:
+            # No more sends from a group's end; the outbox no longer holds this connection.
+            self.outbox.sends = self.outbox.send_now = None
             with trio.CancelScope(shield=True):
                 await self.session.close()
                 self.io.detach()
@@ -280,7 +282,7 @@ class Connection:
         if sent < len(data):
             outbox.out = data[sent:] if sent else data  # nothing was added meanwhile: no await
             outbox.wake_sender()
-        elif not outbox.out:
+        else:
             self._drained.set()
 
     async def _send_loop(self, scope: trio.CancelScope) -> None:

@@ -12,7 +12,6 @@ take (a full buffer), and any error, goes to the connection's sender task as bef
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -33,5 +32,4 @@ class GroupSends:
             self.queued = []
             for outbox in queued:
                 outbox.send_queued = False
-                send: Callable[[], None] = outbox.send_now
-                send()
+                outbox.send_now()

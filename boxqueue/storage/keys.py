@@ -95,8 +95,11 @@ def encode_number(value: int | float | decimal.Decimal) -> bytes:
     return b"\x20" + _sortable_double(f) + tail
 
 
+@cython.cfunc
 def _escaped(data: bytes) -> bytes:
-    return data.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+    if b"\x00" in data:  # a search in C; most strings hold no NUL and skip the replace call
+        data = data.replace(b"\x00", b"\x00\xff")
+    return data + b"\x00\x01"
 
 
 # Short strings (a tube's name, a status letter) recur in most keys: their parts are kept in a
@@ -112,10 +115,7 @@ def _encode_str(value: str) -> bytes:
     part = _STR_PARTS.get(value)
     if part is not None:
         return part
-    data = value.encode("utf-8", "surrogateescape")
-    if b"\x00" in data:
-        data = data.replace(b"\x00", b"\x00\xff")
-    part = b"\x30" + data + b"\x00\x01"
+    part = b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
     if len(value) <= _STR_SHORT:
         if len(_STR_PARTS) >= _STR_PARTS_MAX:
             _STR_PARTS.clear()
