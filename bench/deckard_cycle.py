@@ -8,6 +8,11 @@ one message from it, Ack what it pulled. A Pull that finds nothing (another clie
 message) is retried and counted as empty. The headline is cycles/s: Acks answered with
 success in the measured window; latencies are of whole cycles.
 
+Then, on the same server (unless ``--no-box-queue``), the box.queue cycle with as many sequential
+clients of its own protocol (bench/queue_cycle.py's ``--sequential`` clients: the `tarantool`
+connector calling put, take and ack one after another), and the ratio of the two cycles' server
+CPU (box.queue's over Deckard's: issue 19's measure of Deckard's pace).
+
     .venv/bin/python bench/deckard_cycle.py [--clients 16] [--duration 10] [--wal fsync]
 """
 
@@ -27,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def process_cpu_s(pid: int) -> float:
@@ -93,14 +99,21 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wal", default="fsync", choices=("fsync", "write", "none"))
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--no-box-queue", action="store_true",
+        help="skip the box.queue cycle on the same server (16 sequential `tarantool` connector clients)",
+    )
     args = parser.parse_args()
+    box_queue = None
 
     with tempfile.TemporaryDirectory(prefix="deckard-bench-") as workdir:
         iproto, grpc_port = free_port(), free_port()
         config = Path(workdir) / "boxqueue.toml"
+        from queue_cycle import measure_sequential, queue_space_toml
+
         config.write_text(
             f'data_dir = "data"\n[iproto]\nlisten = "127.0.0.1:{iproto}"\n[wal]\nmode = "{args.wal}"\n'
-            f'[deckard]\nlisten = "127.0.0.1:{grpc_port}"\n'
+            f'[deckard]\nlisten = "127.0.0.1:{grpc_port}"\n\n{queue_space_toml()}'
         )
         log = open(Path(workdir) / "server.log", "wb")  # noqa: SIM115
         server = subprocess.Popen(
@@ -125,6 +138,11 @@ def main() -> int:
                 time.sleep(max(0.0, stop_at - time.time()))
                 server_cpu_s = process_cpu_s(server.pid) - cpu_begin
                 results = pending.get(timeout=args.duration + args.warmup + 120)
+            if not args.no_box_queue:
+                box_queue = measure_sequential(iproto, args.wal, argparse.Namespace(
+                    sequential=args.clients, procs=args.procs, payload=64, take_timeout=1.0,
+                    warmup=args.warmup, duration=args.duration,
+                ), server.pid)
         finally:
             server.terminate()
             server.wait(30)
@@ -149,15 +167,29 @@ def main() -> int:
         "server_cpu_us_per_cycle": server_cpu_s * 1e6 / done if done else float("nan"),
         "cpus": os.cpu_count(),
     }
+    if box_queue is not None:
+        summary["box_queue_cycles_per_s"] = box_queue.tasks_per_s
+        summary["box_queue_server_cpu_us_per_cycle"] = box_queue.server_cpu_us_per_task
+        summary["box_queue_errors"] = box_queue.errors + (1 if box_queue.failure else 0)
+        summary["cpu_ratio_box_queue_over_deckard"] = (
+            box_queue.server_cpu_us_per_task / summary["server_cpu_us_per_cycle"]
+        )
     print(
         f"{summary['cycles_per_s']:.0f} Add+Pull+Ack cycles/s with {args.clients} clients (wal {args.wal}); "
         f"cycle p50 {summary['cycle_p50_ms']:.1f} ms, p99 {summary['cycle_p99_ms']:.1f} ms; "
         f"{summary['empty_pulls']} empty pulls, {summary['errors']} errors; "
         f"server CPU {summary['server_cpu_us_per_cycle']:.0f} us per cycle"
     )
+    if box_queue is not None:
+        print(
+            f"box.queue put+take+ack on the same server, {args.clients} sequential `tarantool` connector clients: "
+            f"{box_queue.tasks_per_s:.0f} cycles/s, server CPU {box_queue.server_cpu_us_per_task:.0f} us per cycle"
+            f"{'; FAILED: ' + box_queue.failure if box_queue.failure else ''}; "
+            f"box.queue's CPU per cycle over Deckard's: {summary['cpu_ratio_box_queue_over_deckard']:.2f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
-    return 0 if summary["errors"] == 0 else 1
+    return 0 if summary["errors"] == 0 and not summary.get("box_queue_errors") else 1
 
 
 if __name__ == "__main__":
