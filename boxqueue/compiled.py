@@ -49,6 +49,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "boxqueue.tubes.task_verbs",
     "boxqueue.tubes.task",
     "boxqueue.tubes.tube",
+    "boxqueue.tubes.ordering",
     "boxqueue.tubes.transitions",
     "boxqueue.tubes.kinds",
     "boxqueue.tubes.tube_records",

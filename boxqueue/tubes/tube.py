@@ -13,9 +13,9 @@ from typing import Any
 
 import cython
 import trio
-from sortedcontainers import SortedList
 
 from boxqueue.tubes.kinds import TubeKind
+from boxqueue.tubes.ordering import Ordering
 from boxqueue.tubes.task import BURIED, DONE, READY, STATUS_ORDER, TAKEN, Task
 
 # What happened to tasks, counted for every API once each change is durable (the metrics read
@@ -89,17 +89,17 @@ class Tube:
         self.name = name
         self.kind = kind
         self.tasks: dict[str, Task] = {}  # every task, in creation order
-        self.ready: SortedList = SortedList()  # take order: (ipri, pri, created, id)
-        self.buried: SortedList = SortedList()  # kick order, the same keys
-        self.timeline: SortedList = SortedList()  # (event, created, id) of every task
+        self.ready: Ordering = Ordering()  # take order: (ipri, pri, created, id)
+        self.buried: Ordering = Ordering()  # kick order, the same keys
+        self.timeline: Ordering = Ordering()  # (event, created, id) of every task
         self.counts: dict[str, int] = dict.fromkeys(STATUS_ORDER, 0)
         self.stats: dict[str, int] = {}  # box.queue's counters, in the order they first moved
         self.waiters: deque[trio.Event] = deque()
         self.claims: dict[str, Claim] = {}
-        self.claim_times: SortedList = SortedList()  # (expires, claim id)
+        self.claim_times: Ordering = Ordering()  # (expires, claim id)
         self.options: dict[str, Any] | None = None  # the stored record of a tube that has one
         self.limit = 0  # most tasks the tube keeps (Deckard's max_elements); 0: no limit
-        self.by_expiry: SortedList | None = None  # (expires, created, id), kept while limited
+        self.by_expiry: Ordering | None = None  # (expires, created, id), kept while limited
         self.monitor_wakeup = trio.Event()
         self.monitor_until = math.inf  # when the sleeping monitor looks again
         self.monitor_running = False
@@ -197,7 +197,7 @@ class Tube:
     def set_limit(self, limit: int) -> None:
         self.limit = limit
         if limit > 0 and self.by_expiry is None:
-            self.by_expiry = SortedList((t.created + t.ttl, t.created, t.id) for t in self.tasks.values())
+            self.by_expiry = Ordering((t.created + t.ttl, t.created, t.id) for t in self.tasks.values())
         elif limit <= 0:
             self.by_expiry = None
 

@@ -1,0 +1,113 @@
+"""The tubes' compiled ordering against a plain sorted list: every operation the engine uses, over
+random sequences of adds and removes (small sublists, so that splits and emptied sublists occur)."""
+
+import contextlib
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from boxqueue.tubes import ordering
+from boxqueue.tubes.ordering import Ordering
+
+keys = st.tuples(st.integers(0, 40), st.integers(0, 40))
+steps = st.lists(st.tuples(st.booleans(), keys), max_size=300)
+
+
+def check_same(order: Ordering, model: list) -> None:
+    assert len(order) == len(model)
+    assert bool(order) == bool(model)
+    assert list(order) == model
+    if model:
+        assert order[0] == model[0]
+        assert order[-1] == model[-1]
+        assert order[len(model) // 2] == model[len(model) // 2]
+        assert order[-2 if len(model) > 1 else -1] == model[-2 if len(model) > 1 else -1]
+    assert order[:5] == model[:5]
+    assert order[:0] == []
+
+
+@contextlib.contextmanager
+def small_sublists():
+    """Sublists of at most 4 keys, so that a few hundred steps split and empty many of them (the
+    module reads ``LOAD`` at each split, compiled or not)."""
+    load = ordering.LOAD
+    ordering.LOAD = 2
+    try:
+        yield
+    finally:
+        ordering.LOAD = load
+
+
+@settings(max_examples=150, deadline=None)
+@given(initial=st.lists(keys, unique=True, max_size=50), steps=steps)
+def test_adds_and_removes_keep_the_order_of_a_sorted_list(initial, steps):
+    with small_sublists():
+        order = Ordering(initial)
+        model = sorted(initial)
+        check_same(order, model)
+        run_steps(order, model, steps)
+
+
+def run_steps(order: Ordering, model: list, steps) -> None:
+    for add, key in steps:
+        if add:
+            if key in model:
+                continue  # the engine's keys are distinct (they end with the task's id)
+            order.add(key)
+            model.append(key)
+            model.sort()
+        elif key in model:
+            order.remove(key)
+            model.remove(key)
+        else:
+            with pytest.raises(ValueError):
+                order.remove(key)
+        check_same(order, model)
+
+
+@settings(max_examples=150, deadline=None)
+@given(present=st.lists(keys, unique=True, max_size=120), low=keys, high=keys)
+def test_irange_gives_the_keys_between_its_bounds_included(present, low, high):
+    with small_sublists():
+        order = Ordering()
+        for key in present:
+            order.add(key)
+    model = sorted(present)
+    assert list(order.irange(low, high)) == [k for k in model if low <= k <= high]
+    assert list(order.irange(maximum=high)) == [k for k in model if k <= high]
+    assert list(order.irange(minimum=low)) == [k for k in model if k >= low]
+    assert list(order.irange()) == model
+
+
+def test_bounds_shorter_than_the_keys_compare_as_the_engine_uses_them():
+    """The monitor asks for every event up to now with ``(now, inf)``; a Deckard pull for a
+    score range with ``(MED_PRI, low)`` .. ``(MED_PRI, high, inf)``."""
+    timeline = Ordering([(5.0, 1, "a"), (7.0, 2, "b"), (9.0, 3, "c")])
+    assert list(timeline.irange(maximum=(7.0, math.inf))) == [(5.0, 1, "a"), (7.0, 2, "b")]
+    ready = Ordering([(127, 1.0, 1, "a"), (127, 2.0, 2, "b"), (127, 3.0, 3, "c"), (0, 9.0, 4, "d")])
+    assert [k[3] for k in ready.irange((127, 2.0), (127, 3.0, math.inf))] == ["b", "c"]
+
+
+def test_index_errors_and_a_stepped_slice_are_refused():
+    order = Ordering()
+    with pytest.raises(IndexError):
+        order[0]
+    order.add((1,))
+    with pytest.raises(IndexError):
+        order[1]
+    with pytest.raises(ValueError):
+        order[::2]
+
+
+def test_many_keys_split_into_sublists_and_come_back_in_order():
+    order = Ordering()
+    n = 5 * ordering.LOAD + 3
+    for i in reversed(range(n)):
+        order.add((i % 7, i))
+    assert list(order) == sorted((i % 7, i) for i in range(n))
+    for i in range(0, n, 2):
+        order.remove((i % 7, i))
+    assert list(order) == sorted((i % 7, i) for i in range(1, n, 2))
+    assert len(order) == n // 2
