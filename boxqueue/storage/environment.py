@@ -99,6 +99,10 @@ class Storage:
                 map_size=map_size,
                 max_dbs=max_dbs,
                 max_readers=512,
+                # The shared reader is renewed once per group (Storage.committed): a spare
+                # transaction makes that a renew. Without one (py-lmdb 3's default is 0) each
+                # renewal allocates and zeroes a transaction sized for max_dbs, about 200 KB.
+                max_spare_txns=1,
                 sync=False,
                 metasync=False,
                 readahead=False,
