@@ -3,3 +3,28 @@
 
 from boxqueue.tubes.task cimport Task
 from boxqueue.tubes.tube cimport Tube
+
+
+cdef class EngineBase:
+    # Every field the engine's parts share (see EngineBase.__init__): the engine's own code reads
+    # them as C fields; the composed QueueEngine (a Python class) keeps the rest in its __dict__.
+    cdef public object catalog
+    cdef public object committer
+    cdef public object kinds
+    cdef public object tubes
+    cdef public object _where
+    cdef public object _held
+    cdef public object _owned
+    cdef public object _checked
+    cdef public object _known
+    cdef public object _records
+    cdef public object _last_created
+    cdef public object _nursery
+    cdef public object _recovered
+    cdef public object hooks
+    cdef public object _random
+    cdef public object _upserting
+    cdef public object reader
+    cdef public object tallies
+    cdef public object forgotten
+    cdef dict __dict__
