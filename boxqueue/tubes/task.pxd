@@ -1,6 +1,9 @@
 # C declarations of task.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 # A task is a C struct for the engine's compiled modules: they read and write its fields directly.
 
+from boxqueue.spaces cimport msgpack_scan
+
+
 cdef class Task:
     cdef public object id
     cdef public object tube
