@@ -6,8 +6,9 @@ from boxqueue.tubes.tube cimport Tube
 
 
 cdef class EngineBase:
-    # Every field the engine's parts share (see EngineBase.__init__): the engine's own code reads
-    # them as C fields; the composed QueueEngine (a Python class) keeps the rest in its __dict__.
+    # Every field the engine's parts share (see EngineBase.__init__): EngineBase's own methods
+    # read them as C fields. The parts (Producers, Consumers, ...) and QueueEngine, which composes
+    # them, stay Python classes over it; what they set beyond these goes to the __dict__.
     cdef public object catalog
     cdef public object committer
     cdef public object kinds
