@@ -487,9 +487,7 @@ class GroupCommitter:
                     committed.set()
                     self._fed(fed)  # followers get it while it is flushed here
 
-                reached: list[bool] = []  # LMDB has the group, and the loop was not told yet
-
-                def in_lmdb_now(in_lmdb: Callable[[], None] = in_lmdb, reached: list[bool] = reached) -> None:
+                def in_lmdb_now(in_lmdb: Callable[[], None] = in_lmdb) -> None:
                     # In the log thread. Told early, the commit loop applies the next group
                     # while this one is flushed; worth it only when many writes wait: else the
                     # writes that arrive during the flush make the next group bigger, and a
@@ -497,8 +495,6 @@ class GroupCommitter:
                     # early: they flush while this node does.
                     if self.feed is not None or len(queue.pending) >= EARLY_NEXT_GROUP:
                         token.run_sync_soon(in_lmdb)
-                    else:
-                        reached.append(True)
 
                 failed = False
                 try:
@@ -508,8 +504,8 @@ class GroupCommitter:
                     for item in batch:
                         if item.error is None:
                             item.error = _as_storage_error(exc)
-                if reached:
-                    in_lmdb()
+                if not committed.is_set() and self._storage.lsn >= lsn:
+                    in_lmdb()  # LMDB has the group (its LSN is noted), and the loop was not told early
                 committed.set()  # (already, unless the group failed before LMDB had it)
                 if undo is not None and not failed and self.quorum is not None:
                     self._awaiting.append((lsn, batch, started, undo))

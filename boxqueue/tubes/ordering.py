@@ -79,9 +79,6 @@ class Ordering:
     def __len__(self) -> int:
         return self._len
 
-    def __bool__(self) -> bool:
-        return self._len > 0
-
     def __iter__(self) -> Iterator[Any]:
         return chain.from_iterable(self._lists)
 
