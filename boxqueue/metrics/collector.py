@@ -8,7 +8,6 @@ family classes and written by its exposition code; nothing here formats text.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -224,7 +223,8 @@ class BoxqueueCollector(Collector):
             yield GaugeMetricFamily("boxqueue_lmdb_map_size_bytes", "LMDB map size", value=figures["map_size"])
             yield GaugeMetricFamily("boxqueue_lmdb_used_bytes", "LMDB pages in use, in bytes",
                                     value=figures["used"])
-            yield GaugeMetricFamily("boxqueue_lmdb_file_bytes", "Size of LMDB's data file", value=figures["file"])
+            yield GaugeMetricFamily("boxqueue_lmdb_file_bytes", "Disk space LMDB's data file takes",
+                                    value=figures["file"])
         if catalog is not None and storage is not None and not o.recovering:
             length = GaugeMetricFamily("tnt_space_len", "Tuples in a space", labels=["name", "engine"])
             for space in list(catalog.spaces.values()):
@@ -338,11 +338,12 @@ def replication_families(o: Observed) -> Iterator[Metric]:
 
 
 def lmdb_figures(storage: Any) -> dict[str, int]:
-    """Map size, bytes in use (pages up to the last one used) and the data file's size."""
+    """Map size, bytes in use (pages up to the last one used) and the disk space the data file
+    takes (its allocated blocks, the reserve kept past the last page included)."""
     info = storage.env.info()
     page = storage.env.stat()["psize"]
     try:
-        file_bytes = os.stat(os.path.join(storage.path, "data.mdb")).st_size
+        file_bytes = storage.allocated_bytes()
     except OSError:
         file_bytes = 0
     return {"map_size": info["map_size"], "used": (info["last_pgno"] + 1) * page, "file": file_bytes}

@@ -295,6 +295,7 @@ class GroupCommitter:
         try:
             if self._broken is not None:
                 raise self._broken
+            self._storage.ensure_room()
             first = batch[0]
             if first.local:
                 await self._commit_local(first)

@@ -9,8 +9,15 @@ Durability follows ``wal.mode``:
   recovery at start replays the log past it;
 * ``write`` — no log: commits are written to the file but not flushed: a killed process loses
   nothing, a crashed machine may lose the last commits;
-* ``none`` — no promise is made; it behaves like ``write`` (LMDB's write-in-place map measured
-  slower here: page faults on every newly touched page).
+* ``none`` — no promise is made; it behaves like ``write``.
+
+LMDB writes in place (``writemap``): a commit's pages are already in the file's shared map, so a
+commit writes nothing through ``pwrite`` (2026-11-27, random inserts: 3.7-4.0 -> 1.6-1.8 us a put;
+pipelined replaces in ``wal none``: 6.0 -> 4.3 us of server CPU each). Two things come with it. The
+file is extended (sparsely) to the map size when opened. And a page of the map that the disk has no
+room for would kill the process (SIGBUS) instead of failing the write: so disk space is kept
+allocated ahead of LMDB's last page (:meth:`Storage.ensure_room`, ``DISK_RESERVE``), and a group
+that finds no room for the reserve fails with an error before LMDB touches a page.
 
 Whatever the mode, a log left by an earlier run is replayed when the environment opens, LMDB is
 flushed and the log deleted; closing flushes LMDB too.
@@ -53,6 +60,11 @@ _LSN_KEY = b"lsn"
 _TERM_KEY = b"term"  # the term of the record at ``lsn``
 _LSN = struct.Struct("<Q")
 _REPLAY_CHUNK = 256  # log records per LMDB transaction during recovery
+# Disk space kept allocated past LMDB's last page (see the module's docstring), topped up to
+# DISK_RESERVE whenever less than DISK_REFILL is left: a group that grows the data by more than
+# DISK_REFILL on a disk about to fill is the one case the reserve does not cover.
+DISK_RESERVE = 64 << 20
+DISK_REFILL = 32 << 20
 
 
 class StorageError(Exception):
@@ -107,10 +119,14 @@ class Storage:
                 metasync=False,
                 readahead=False,
                 lock=False,
+                writemap=True,
             )
         except lmdb.Error as exc:
             self._lock_file.close()
             raise StorageError(f"cannot open LMDB environment in {self.path}: {exc}") from exc
+        self._page_bytes = self.env.stat()["psize"]
+        self._room_until = 0  # the file is allocated up to here (by this process's reckoning)
+        self._data_fd = -1
         self._dbs: dict[bytes, Any] = {}
         self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
         self._opened: list[bytes] = []  # databases opened in the write transaction under way
@@ -119,6 +135,8 @@ class Storage:
         self.log: WriteAheadLog | None = None
         self.term = 0  # the replica set's term this node's own records are written in (0: alone)
         try:
+            self._data_fd = os.open(self.path / "data.mdb", os.O_RDWR | os.O_CLOEXEC)
+            self.ensure_room()
             self._wal_db = self.db(_WAL_DB)
             with self.env.begin() as txn:
                 raw = txn.get(_LSN_KEY, db=self._wal_db)
@@ -128,8 +146,10 @@ class Storage:
             self.replayed = self._recover()
             if wal_mode == "fsync":
                 self.log = WriteAheadLog(self.path / WAL_DIR, self.lsn + 1)
-        except (WalError, OSError, lmdb.Error, ValueError) as exc:
+        except (WalError, OSError, lmdb.Error, ValueError, StorageError) as exc:
             self.env.close()
+            if self._data_fd >= 0:
+                os.close(self._data_fd)
             self._lock_file.close()
             raise StorageError(f"cannot recover {self.path}: {exc}") from exc
 
@@ -170,6 +190,7 @@ class Storage:
         try:
             for lsn, term, payload in reader.records():
                 if txn is None:
+                    self.ensure_room()
                     txn = self.env.begin(write=True)
                 redo.replay(txn, redo.decode(payload), self._open_for_replay)
                 self.note_lsn(txn, lsn, term)
@@ -198,6 +219,28 @@ class Storage:
             return self.env.open_db(name, txn=txn, create=create)
         except lmdb.NotFoundError:
             return None
+
+    # -- disk space --------------------------------------------------------------------------
+
+    def ensure_room(self) -> None:
+        """Keep disk space allocated for at least ``DISK_REFILL`` bytes past LMDB's last page
+        (topped up to ``DISK_RESERVE``), so that the pages the next write transaction adds to the
+        map have blocks under them. Call before beginning one. Raises :class:`StorageError` when
+        the disk has no room for the reserve: the write fails, nothing of it reaches the map."""
+        used = (self.env.info()["last_pgno"] + 1) * self._page_bytes
+        if used + DISK_REFILL <= self._room_until:
+            return
+        until = used + DISK_RESERVE
+        try:
+            # Blocks for the holes only: pages already written are left alone.
+            os.posix_fallocate(self._data_fd, 0, until)
+        except OSError as exc:
+            raise StorageError(f"no disk space for LMDB's data file ({exc.strerror})") from exc
+        self._room_until = until
+
+    def allocated_bytes(self) -> int:
+        """Disk space the data file takes (its blocks; its size is the map's, as a sparse file)."""
+        return os.fstat(self._data_fd).st_blocks * 512
 
     # -- databases ---------------------------------------------------------------------------
 
@@ -295,4 +338,5 @@ class Storage:
                 self.log.close()
         self.log = None
         self.env.close()
+        os.close(self._data_fd)
         self._lock_file.close()
