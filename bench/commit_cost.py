@@ -8,8 +8,10 @@ groups of ``--batch`` replaces of random rows, committed in the ways boxqueue ha
 
 * LMDB flushing every commit (``sync=True``: data pages, then the meta page): boxqueue before its
   write-ahead log;
-* LMDB committed without a flush (``sync=False``): what a group costs LMDB now, in every mode;
+* LMDB committed without a flush (``sync=False``): what a group cost LMDB until 2026-11-27;
 * ``env.sync(True)`` after each such commit: what a checkpoint costs if it ran after every group;
+* LMDB writing in place (``writemap``), committed without a flush: what a group costs LMDB now,
+  in every mode (applying and committing, since in place the page copies move into the apply);
 * a log record of the group's size appended and flushed with ``fdatasync`` (into a growing file,
   and into a file filled with zeros beforehand, which spares the file system a metadata update).
 
@@ -47,8 +49,9 @@ def measure(workdir: str, rows: int, batch: int, groups: int) -> None:
     key = struct.Struct(">Q").pack
     path = os.path.join(workdir, "env")
 
-    def open_env(sync: bool) -> tuple[lmdb.Environment, object]:
-        env = lmdb.open(path, map_size=1 << 34, max_dbs=4, sync=sync, metasync=sync, lock=False, readahead=False)
+    def open_env(sync: bool, writemap: bool = False) -> tuple[lmdb.Environment, object]:
+        env = lmdb.open(path, map_size=1 << 34, max_dbs=4, sync=sync, metasync=sync, lock=False, readahead=False,
+                        writemap=writemap)
         return env, env.open_db(b"rows")
 
     env, db = open_env(True)
@@ -86,6 +89,10 @@ def measure(workdir: str, rows: int, batch: int, groups: int) -> None:
     show("LMDB commit without a flush (sync=False)", f"{commit:,.0f}")
     _, commit, flush = groups_of(env, db, True)
     show("the same, then env.sync(True)", f"{commit:,.0f} + {flush:,.0f}")
+    env.close()
+    env, db = open_env(False, writemap=True)
+    apply, commit, _ = groups_of(env, db, False)
+    show("applied and committed in place (writemap), no flush", f"{apply:,.0f} + {commit:,.0f}")
     env.close()
 
     record = os.urandom(batch * 60)  # about what a group of these replaces logs
