@@ -17,6 +17,10 @@ cdef class Index:
     cdef public object fast_key
     cdef public object db
 
+    cpdef list key_of(self, object fields)
+    cpdef tuple entry_key(self, object fields, object pk_encoded)
+    cpdef check_key(self, object key, object exact)
+
 
 cdef class Space
 
@@ -43,3 +47,11 @@ cdef class Space:
     cdef list _checks
 
     cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)
+    cpdef Index _primary(self)
+    cpdef Index index(self, object iid)
+    cpdef _check_alive(self)
+    cpdef object _find(self, object txn, Index index, object encoded)
+    cpdef check_tuple(self, object fields)
+    cpdef list _entries(self, object fields, object pk)
+    cpdef _check_unique(self, object txn, list entries, object pk_stored, object old_entries=*)
+    cpdef _store(self, object txn, object raw, list new_entries, object old_entries)

@@ -521,6 +521,7 @@ class Space:
         if self.dropped:
             raise BoxError(ER.NO_SUCH_SPACE, self.name)
 
+    @cython.locals(index=Index)
     def _entries(self, fields: list[Any], pk: bytes) -> list[tuple[Index, bytes, bool]]:
         """Each index's entry for this tuple, primary first; ``pk`` is its encoded primary key."""
         stored_form = keys.stored_form
