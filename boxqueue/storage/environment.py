@@ -231,9 +231,13 @@ class Storage:
         if used + DISK_REFILL <= self._room_until:
             return
         until = used + DISK_RESERVE
+        # Past what was reserved before only (all of it the first time, before any write): the
+        # pages there are not LMDB's yet, so not even glibc's fallback for file systems without
+        # fallocate (which writes a zero byte into each block that reads as zero) can race with
+        # a commit under way in the log's thread.
+        start = self._room_until
         try:
-            # Blocks for the holes only: pages already written are left alone.
-            os.posix_fallocate(self._data_fd, 0, until)
+            os.posix_fallocate(self._data_fd, start, until - start)
         except OSError as exc:
             raise StorageError(f"no disk space for LMDB's data file ({exc.strerror})") from exc
         self._room_until = until
