@@ -874,7 +874,8 @@ class Config(Section):
 
     data_dir: Annotated[Path, BeforeValidator(_data_dir)] = Field(
         DEFAULT_DATA_DIR, validate_default=True,
-        description="the LMDB environment and the write-ahead log under it",
+        description="the LMDB environment and the write-ahead log under it (LMDB's `data.mdb` is a sparse "
+                    "file as large as its 1 TiB map: copy it with a sparse-aware tool)",
     )
     tarantool_cfg: Annotated[Path | None, BeforeValidator(_cfg_file)] = Field(
         None, description="a 1.5 style file whose `space = [...]` list creates spaces 0, 1, 2, ... "
