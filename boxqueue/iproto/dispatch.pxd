@@ -19,6 +19,14 @@ cdef class _WriteReply:
     cdef unsigned long long rtype
 
 
+cdef class _CallReply:
+    cdef Dispatcher dispatcher
+    cdef unsigned long long sync
+    cdef Outbox outbox
+    cdef str name
+    cdef bint call16
+
+
 cdef class Dispatcher:
     cdef public object catalog
     cdef public object stats
@@ -32,7 +40,7 @@ cdef class Dispatcher:
 
     cpdef object handle(self, Session session, Request request, Outbox outbox)
     cpdef tuple handle_all(self, Session session, RequestDecoder decoder, Outbox outbox, Py_ssize_t room)
-    cdef void _reply_later(self, unsigned long long sync, object later, Outbox outbox, str name)
+    cdef void _reply_later(self, unsigned long long sync, object later, Outbox outbox, str name, bint call16)
     cdef void _submit(self, object write, unsigned long long sync, Outbox outbox, unsigned long long rtype)
     cdef object _space_of(self, dict body)
     cdef object _index_id(self, object space, dict body)

@@ -232,6 +232,34 @@ class _WriteReply:
 
 
 @cython.cclass
+class _CallReply:
+    """Answers one CALL whose procedure returned a :class:`Later`, from its settlement: the
+    return values become the body here, one object per call where a mapping lambda and a
+    closure were two (with their scopes)."""
+
+    def __call__(self, values: object, error: object) -> None:
+        body = None
+        if error is None:
+            try:
+                body = _call_body(values, self.call16)
+            except Exception as exc:
+                error = exc
+        dispatcher: Dispatcher = self.dispatcher
+        outbox: Outbox = self.outbox
+        version: cython.ulonglong = dispatcher.catalog.schema_version
+        if error is None:
+            write_response(outbox.out, self.sync, version, body)
+        else:
+            if not isinstance(error, Exception):
+                error = RuntimeError(repr(error))
+            box_error = _as_box_error(_procedure_error(error, self.name, dispatcher.stats), dispatcher.stats)
+            dispatcher.stats.count_error(T_CALL, box_error)
+            write_response(outbox.out, self.sync, version, codec.error_body(box_error),
+                           codec.ERROR_FLAG | box_error.code)
+        outbox.answered()
+
+
+@cython.cclass
 class Dispatcher:
     """Turns requests into responses, checking schema version, access and read-only ports."""
 
@@ -365,21 +393,16 @@ class Dispatcher:
         return codec.error_response(sync, self.catalog.schema_version, error)
 
     @cython.cfunc
-    def _reply_later(self, sync: cython.ulonglong, later: Later, outbox: Outbox, name: str) -> cython.void:
-        def settled(body: bytes | None, error: BaseException | None) -> None:
-            version = self.catalog.schema_version
-            if error is None:
-                write_response(outbox.out, sync, version, body)
-            else:
-                if not isinstance(error, Exception):
-                    error = RuntimeError(repr(error))
-                box_error = _as_box_error(_procedure_error(error, name, self.stats), self.stats)
-                self.stats.count_error(T_CALL, box_error)
-                write_response(outbox.out, sync, version, codec.error_body(box_error),
-                               codec.ERROR_FLAG | box_error.code)
-            outbox.answered()
-
-        later.then(settled)
+    def _reply_later(
+        self, sync: cython.ulonglong, later: Later, outbox: Outbox, name: str, call16: cython.bint
+    ) -> cython.void:
+        answer: _CallReply = _CallReply.__new__(_CallReply)
+        answer.dispatcher = self
+        answer.sync = sync
+        answer.outbox = outbox
+        answer.name = name
+        answer.call16 = call16
+        later.then(answer)
 
     async def _finish(self, sync: int, pending: Awaitable[bytes], rtype: int = T_CALL) -> bytes:
         try:
@@ -565,7 +588,7 @@ class Dispatcher:
         except Exception as exc:
             raise _procedure_error(exc, entry.name, self.stats) from exc
         if type(values) is Later:
-            self._reply_later(sync, values.map(lambda done: _call_body(done, call16)), outbox, entry.name)
+            self._reply_later(sync, values, outbox, entry.name, call16)
             return PENDING
         if type(values) is list:
             return _call_body(values, call16)
