@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+import cython
 import msgpack
 
 from boxqueue.errcodes import ER, BoxError
@@ -28,6 +29,7 @@ TIMEOUT_INFINITY = 31_536_000
 US = 1_000_000
 
 
+@cython.cfunc
 def _number(value: Any, name: str, fn: str) -> int | float:
     number = tonumber(value)
     if number is None:
@@ -36,6 +38,7 @@ def _number(value: Any, name: str, fn: str) -> int | float:
     return number
 
 
+@cython.cfunc
 def _tube(value: Any, fn: str) -> str:
     if not isinstance(value, str):
         raise proc_error(f"bad argument 'tube' to queue.{fn}: a string is required")
