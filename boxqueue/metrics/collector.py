@@ -340,13 +340,11 @@ def replication_families(o: Observed) -> Iterator[Metric]:
 def lmdb_figures(storage: Any) -> dict[str, int]:
     """Map size, bytes in use (pages up to the last one used) and the disk space the data file
     takes (its allocated blocks, the reserve kept past the last page included)."""
-    info = storage.env.info()
-    page = storage.env.stat()["psize"]
     try:
         file_bytes = storage.allocated_bytes()
     except OSError:
         file_bytes = 0
-    return {"map_size": info["map_size"], "used": (info["last_pgno"] + 1) * page, "file": file_bytes}
+    return {"map_size": storage.env.info()["map_size"], "used": storage.used_bytes(), "file": file_bytes}
 
 
 def tube_families(rows: list[TubeRow], totals: list[tuple[str, list[int]]]) -> Iterator[Metric]:

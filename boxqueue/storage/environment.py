@@ -227,7 +227,7 @@ class Storage:
         (topped up to ``DISK_RESERVE``), so that the pages the next write transaction adds to the
         map have blocks under them. Call before beginning one. Raises :class:`StorageError` when
         the disk has no room for the reserve: the write fails, nothing of it reaches the map."""
-        used = (self.env.info()["last_pgno"] + 1) * self._page_bytes
+        used = self.used_bytes()
         if used + DISK_REFILL <= self._room_until:
             return
         until = used + DISK_RESERVE
@@ -241,6 +241,10 @@ class Storage:
         except OSError as exc:
             raise StorageError(f"no disk space for LMDB's data file ({exc.strerror})") from exc
         self._room_until = until
+
+    def used_bytes(self) -> int:
+        """LMDB's pages up to the last one in use, in bytes: where the file's meaningful part ends."""
+        return (self.env.info()["last_pgno"] + 1) * self._page_bytes
 
     def allocated_bytes(self) -> int:
         """Disk space the data file takes (its blocks; its size is the map's, as a sparse file)."""

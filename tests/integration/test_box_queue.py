@@ -38,8 +38,8 @@ US = 1_000_000
 DEFAULT_TTL_US = 2_160_000 * US
 DEFAULT_TTR_US = 60 * US
 # Slack on the upper bound of a timed wake: the wake is a write, and a write waits for its fsync,
-# which has taken over 0.25 s on a busy CI disk. Still well under the takes' 3 s timeouts, so a wake
-# that never comes still fails.
+# which has taken over 0.25 s on a busy CI disk. Still well under the takes' 3-5 s timeouts, so a
+# wake that never comes still fails.
 FSYNC_SLACK = 0.5
 TASK_STATES = ("total", "ready", "delayed", "taken", "buried", "done")
 

@@ -26,10 +26,6 @@ class Rejected(Exception):
     pass
 
 
-def used_bytes(storage: Storage) -> int:
-    return (storage.env.info()["last_pgno"] + 1) * storage.env.stat()["psize"]
-
-
 def put_rows(storage: Storage, first: int):
     def write(txn):
         db = storage.db(b"rows", txn=txn)
@@ -52,7 +48,7 @@ def test_the_data_file_is_sparse_and_the_reserve_is_allocated(tmp_path):
         assert stat.st_size == 1 << 34  # as large as the map...
         allocated = storage.allocated_bytes()
         assert allocated == stat.st_blocks * 512
-        assert used_bytes(storage) + DISK_REFILL <= allocated < 1 << 30  # ...but only the reserve is taken
+        assert storage.used_bytes() + DISK_REFILL <= allocated < 1 << 30  # ...but only the reserve is taken
     finally:
         storage.close()
 
@@ -64,10 +60,10 @@ async def test_writes_keep_the_reserve_ahead_and_a_full_disk_fails_them_cleanly(
         await nursery.start(committer.run)
         # Growing by more than the reserve: it is topped up as the data grows.
         written = 0
-        while used_bytes(storage) < DISK_RESERVE + (8 << 20):
+        while storage.used_bytes() < DISK_RESERVE + (8 << 20):
             await committer.write(put_rows(storage, written))
             written += ROWS_PER_WRITE
-            assert storage.allocated_bytes() >= used_bytes(storage)
+            assert storage.allocated_bytes() >= storage.used_bytes()
         assert storage.allocated_bytes() >= DISK_RESERVE + (8 << 20)
 
         # The disk is full: the reserve cannot be topped up. Writes go on while what is left of
@@ -84,11 +80,11 @@ async def test_writes_keep_the_reserve_ahead_and_a_full_disk_fails_them_cleanly(
             for _ in range(2 * DISK_RESERVE // (1 << 20)):
                 await committer.write(put_rows(storage, written))
                 written += ROWS_PER_WRITE
-                assert storage.allocated_bytes() >= used_bytes(storage)
+                assert storage.allocated_bytes() >= storage.used_bytes()
         assert "No space left on device" in str(failed.value)
         assert refused
         assert row_count(storage) == written  # the refused write left nothing behind
-        assert storage.allocated_bytes() >= used_bytes(storage)
+        assert storage.allocated_bytes() >= storage.used_bytes()
 
         # Room again: writes go on, and nothing acknowledged was lost.
         monkeypatch.undo()

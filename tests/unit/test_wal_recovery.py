@@ -43,9 +43,8 @@ def rows_of(storage: Storage, name: bytes) -> dict[int, bytes]:
 
 def lmdb_pages(storage: Storage) -> bytes:
     """LMDB's file up to its last page (the file is as large as the map, sparse, past it)."""
-    used = (storage.env.info()["last_pgno"] + 1) * storage.env.stat()["psize"]
     with open(storage.path / "data.mdb", "rb") as file:
-        return file.read(used)
+        return file.read(storage.used_bytes())
 
 
 def crash_image(source, target, lmdb_file: bytes) -> None:
