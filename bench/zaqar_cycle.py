@@ -7,6 +7,12 @@ client repeats: POST ``--batch`` messages to its queue, claim them (``limit=--ba
 each with its claim id. The headline is messages deleted per second in the measured window,
 with p50/p99 of the whole cycle.
 
+``--client raw`` (the default) writes each request's bytes itself and reads answers framed by
+``Content-Length`` (reconnecting when the server says ``Connection: close``, as gunicorn's sync
+workers do after every answer), like ``wrk``: on this two-core machine httpx spent more CPU per
+message than the server it measured, so with httpx the figure was the client's. ``--client httpx``
+runs the same cycle with httpx.
+
     .venv/bin/python bench/zaqar_cycle.py --clients 16 --seconds 10
 
 ``--url`` drives an already running server instead (no boxqueue is started), for instance real
@@ -58,17 +64,114 @@ async def client_loop(base: str, queue: str, batch: int, until: float, warmup_en
     return done, cycles
 
 
-def worker(base: str, clients: int, offset: int, batch: int, until: float, warmup_end: float, out) -> None:
+class RawHttp:
+    """A keep-alive HTTP/1.1 client that writes its requests' bytes itself and reads answers
+    framed by Content-Length (what both servers send here); it reconnects after an answer that
+    says ``Connection: close``."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.host, _, port = base.removeprefix("http://").partition(":")
+        self.port = int(port or 80)
+        self.fixed = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"{self.host}:{self.port}", **headers}.items())
+        self.stream: trio.SocketStream | None = None
+        self.buffer = bytearray()
+
+    async def request(self, method: str, target: str, body: bytes | None = None) -> tuple[int, bytes]:
+        if self.stream is None:  # (numeric address: no name lookup in a thread, as open_tcp_stream does)
+            sock = trio.socket.socket()
+            await sock.connect((self.host, self.port))
+            self.stream = trio.SocketStream(sock)
+            self.buffer.clear()
+        head = f"{method} {target} HTTP/1.1\r\n{self.fixed}"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        await self.stream.send_all(head.encode() + b"\r\n" + (body or b""))
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            await self._more()
+        lines = bytes(self.buffer[:end]).split(b"\r\n")
+        del self.buffer[: end + 4]
+        status = int(lines[0].split(b" ", 2)[1])
+        length, close = 0, False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection":
+                close = b"close" in value.lower()
+            elif name == b"transfer-encoding":
+                raise RuntimeError("a chunked answer: this client reads Content-Length only")
+        while len(self.buffer) < length:
+            await self._more()
+        answer = bytes(self.buffer[:length])
+        del self.buffer[:length]
+        if close:
+            await self.aclose()
+        return status, answer
+
+    async def _more(self) -> None:
+        assert self.stream is not None
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise RuntimeError("the server closed the connection before its answer")
+        self.buffer += data
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+
+
+async def raw_client_loop(base: str, queue: str, batch: int, until: float, warmup_end: float) -> tuple[int, list[float]]:
+    http = RawHttp(base, {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "bench"})
+    done, cycles = 0, []
+    msgs = json.dumps({"messages": [{"body": {"n": i, "payload": "x" * 64}, "ttl": 300} for i in range(batch)]}).encode()
+    claim = json.dumps({"ttl": 60, "grace": 60}).encode()
+    try:
+        while time.monotonic() < until:
+            started = time.monotonic()
+            status, answer = await http.request("POST", f"/v1.1/queues/{queue}/messages", msgs)
+            if status != 201:
+                raise RuntimeError(f"post answered {status}: {answer[:200]!r}")
+            status, answer = await http.request("POST", f"/v1.1/queues/{queue}/claims?limit={batch}", claim)
+            if status != 201:
+                continue
+            for m in json.loads(answer)["messages"]:
+                status, answer = await http.request("DELETE", m["href"])
+                if status != 204:
+                    raise RuntimeError(f"delete answered {status}: {answer[:200]!r}")
+                if started >= warmup_end:
+                    done += 1
+            if started >= warmup_end:
+                cycles.append(time.monotonic() - started)
+    finally:
+        await http.aclose()
+    return done, cycles
+
+
+def worker(base: str, clients: int, offset: int, batch: int, until: float, warmup_end: float, out,
+           client: str = "raw") -> None:
+    loop = raw_client_loop if client == "raw" else client_loop
+
     async def main() -> None:
         results: list[tuple[int, list[float]]] = []
 
         async def one(i: int) -> None:
-            results.append(await client_loop(base, f"bench{offset + i}", batch, until, warmup_end))
+            results.append(await loop(base, f"bench{offset + i}", batch, until, warmup_end))
+
+        cpu = [0.0, 0.0]
+
+        async def clock() -> None:  # this process's CPU over the measured window
+            await trio.sleep(max(0.0, warmup_end - time.monotonic()))
+            cpu[0] = time.process_time()
+            await trio.sleep(max(0.0, until - time.monotonic()))
+            cpu[1] = time.process_time()
 
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(clock)
             for i in range(clients):
                 nursery.start_soon(one, i)
-        out.put((sum(d for d, _ in results), [c for _, cs in results for c in cs]))
+        out.put((sum(d for d, _ in results), [c for _, cs in results for c in cs], cpu[1] - cpu[0]))
 
     trio.run(main)
 
@@ -78,8 +181,9 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None) -> tuple[list[tuple[int, list[float]]], float | None]:
-    """Run the client processes against ``base``; each one's (deleted, cycle times), and the
+def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None) -> tuple[list[tuple[int, list[float], float]], float | None]:
+    """Run the client processes against ``base``; each one's (deleted, cycle times, its CPU
+    seconds over the measured window), and the
     server's CPU seconds over the measured window when its pid is given."""
     ctx = get_context("spawn")
     out = ctx.Queue()
@@ -89,7 +193,7 @@ def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None)
     per = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0) for i in range(args.procs)]
     procs, offset = [], 0
     for n in per:
-        p = ctx.Process(target=worker, args=(base, n, offset, args.batch, until, warmup_end, out))
+        p = ctx.Process(target=worker, args=(base, n, offset, args.batch, until, warmup_end, out, args.client))
         p.start()
         procs.append(p)
         offset += n
@@ -113,6 +217,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--wal", default="fsync", choices=["fsync", "write", "none"])
+    parser.add_argument("--client", default="raw", choices=["raw", "httpx"],
+                        help="raw: requests written as bytes (cheap); httpx: the httpx client")
     parser.add_argument("--json", type=Path, help="write the result here too")
     parser.add_argument("--url", help="drive this Zaqar endpoint (http://host:port) instead of starting boxqueue")
     args = parser.parse_args()
@@ -129,15 +235,17 @@ def main() -> None:
                 results, cpu = run_load(f"http://127.0.0.1:{http_port}", args, server.proc.pid if server.proc else None)
             finally:
                 server.stop()
-    done = sum(d for d, _ in results)
-    cycles = sorted(c for _, cs in results for c in cs)
+    done = sum(d for d, _, _ in results)
+    cycles = sorted(c for _, cs, _ in results for c in cs)
+    client_cpu = sum(c for _, _, c in results)
     result = {
-        "clients": args.clients, "batch": args.batch, **({"url": args.url} if args.url else {"wal": args.wal}),
+        "clients": args.clients, "client": args.client, "batch": args.batch, **({"url": args.url} if args.url else {"wal": args.wal}),
         "seconds": args.seconds,
         "messages_per_s": round(done / args.seconds, 1),
         "cycle_p50_ms": round(statistics.median(cycles) * 1000, 1) if cycles else None,
         "cycle_p99_ms": round(cycles[int(len(cycles) * 0.99) - 1] * 1000, 1) if cycles else None,
         **({"server_cpu_us_per_message": round(cpu * 1e6 / done)} if cpu is not None and done else {}),
+        **({"client_cpu_us_per_message": round(client_cpu * 1e6 / done)} if done else {}),
     }
     print(json.dumps(result))
     if args.json:

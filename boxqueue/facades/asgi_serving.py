@@ -57,6 +57,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
+from boxqueue.facades.http1_connections import Http1Connection, Serving, has_body
 from boxqueue.iproto.listening import Gate
 
 log = logging.getLogger(__name__)
@@ -114,14 +115,18 @@ async def serve_asgi(
     graceful_s: float = 5.0,
     takeover: Takeover | None = None,
     listening: Listening = PLAIN,
+    http1: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port."""
+    """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port.
+    With ``http1``, plain HTTP/1.1 connections that ``takeover`` does not take are served by
+    :mod:`boxqueue.facades.http1_connections` instead of hypercorn (not TLS, not upgrades)."""
     config = hypercorn_config(host, port, graceful_s, listening.keep_alive_timeout_s)
     if listening.ssl_context is not None:
         takeover = None  # a takeover handler needs the raw socket
-    app = close_unread_requests(body_deadline(app, listening.body_timeout_s))
-    await _FrontDoor(app, config, takeover, listening).serve(shutdown, name, task_status)
+        http1 = False
+    served = close_unread_requests(body_deadline(app, listening.body_timeout_s))
+    await _FrontDoor(served, config, takeover, listening, app if http1 else None).serve(shutdown, name, task_status)
 
 
 async def answer_lifespan(receive: Any, send: Any) -> None:
@@ -148,7 +153,7 @@ def body_deadline(app: Any, timeout_s: float) -> Any:
     listens for the client's leaving there)."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not _has_body(scope["headers"]):
+        if scope["type"] != "http" or not has_body(scope["headers"]):
             await app(scope, receive, send)
             return
         deadline = trio.current_time() + timeout_s
@@ -193,7 +198,7 @@ def close_unread_requests(app: Any) -> Any:
     on it and get no answer."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not _has_body(scope["headers"]):
+        if scope["type"] != "http" or not has_body(scope["headers"]):
             await app(scope, receive, send)
             return
         received_all = False
@@ -216,24 +221,17 @@ def close_unread_requests(app: Any) -> Any:
     return wrapped
 
 
-def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    for key, value in headers:
-        k = key.lower()
-        if k == b"content-length":
-            return value.strip() != b"0"
-        if k == b"transfer-encoding":
-            return True
-    return False
-
-
 class _FrontDoor:
     """Accepts connections (TLS, connection limit, head timeout), hands listeners' to the facade
     and the rest to hypercorn."""
 
-    def __init__(self, app: Any, config: HypercornConfig, takeover: Takeover | None, listening: Listening) -> None:
+    def __init__(self, app: Any, config: HypercornConfig, takeover: Takeover | None, listening: Listening,
+                 http1_app: Any = None) -> None:
         self.config = config
         self.takeover = takeover
         self.listening = listening
+        self.http1_app = http1_app  # served on plain HTTP/1.1 connections by our own server
+        self.http1 = Serving(listening.keep_alive_timeout_s, listening.body_timeout_s)
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
         self.gate = Gate("HTTP", listening.max_connections)
@@ -258,6 +256,7 @@ class _FrontDoor:
             for listener in listeners:
                 await listener.aclose()
             await self.context.terminated.set()  # hypercorn's connections finish and close
+            self.http1.stop()  # and ours
             connections.cancel_scope.deadline = trio.current_time() + self.config.graceful_timeout
 
     async def _accept(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
@@ -312,6 +311,8 @@ class _FrontDoor:
             return
         parsed = parse_head(bytes(received))
         handler = self.takeover(parsed[0]) if parsed is not None and self.takeover is not None else None
+        if handler is None and parsed is not None and self.http1_app is not None and not _upgrade(parsed[0]):
+            handler = self._serve_http1
         if parsed is None or handler is None:  # hypercorn answers what we do not parse its own way
             await self._hypercorn(_Replay(raw, bytes(received)))
             return
@@ -327,6 +328,9 @@ class _FrontDoor:
                 sock.close()
         if handed_back is not None:
             await self._hypercorn(_Replay(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), handed_back))
+
+    async def _serve_http1(self, sock: socket.socket, request: h11.Request, head: bytes, rest: bytes) -> None:
+        await Http1Connection(sock, self.http1_app, self.http1).serve(head + rest)
 
     async def _hypercorn(self, stream: trio.abc.HalfCloseableStream) -> None:
         """Serve the connection with hypercorn, replaying what was read from it already."""
@@ -354,6 +358,11 @@ class _ConnectionServer(TCPServer):
         if self._client_gone and isinstance(event, Updated) and event.idle:
             return  # nothing to keep alive for
         await super().protocol_send(event)
+
+
+def _upgrade(request: h11.Request) -> bool:
+    """Whether ``request`` asks to switch protocols (a WebSocket handshake: hypercorn's)."""
+    return any(name == b"upgrade" for name, _ in request.headers)
 
 
 def parse_head(data: bytes) -> tuple[h11.Request, int] | None:

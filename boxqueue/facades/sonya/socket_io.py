@@ -5,17 +5,17 @@ endpoints return, framed by h11 for the request they answer."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 
 import h11
-import trio
 from starlette.responses import Response
 
-# A socket whose client stops reading holds its bytes this long before it is dropped.
-SEND_TIMEOUT_S = 30.0
+from boxqueue.facades.http1_connections import SEND_TIMEOUT_S, receive_some, send_all
+
+__all__ = ["SEND_TIMEOUT_S", "Route", "fast_response", "http_response", "keep_alive", "match_get",
+           "receive_some", "send_all"]
 
 Route = tuple[str, str | None, str]  # queue, id (None: the whole queue), query string
 
@@ -65,32 +65,3 @@ def fast_response(answer: Response, keep: bool) -> bytes:
     lines.append(b"\r\n")
     lines.append(bytes(answer.body))  # bytes already: no copy
     return b"".join(lines)
-
-
-async def receive_some(sock: socket.socket, max_bytes: int = 65536) -> bytes:
-    """The next bytes the client sends; b"" once its stream has ended (or broken)."""
-    while True:
-        await trio.lowlevel.wait_readable(sock)
-        try:
-            return sock.recv(max_bytes)
-        except BlockingIOError:
-            continue
-        except OSError:
-            return b""
-
-
-async def send_all(sock: socket.socket, data: bytes) -> bool:
-    """Write ``data``, waiting while the socket is full; False if the connection broke or took
-    nothing for ``SEND_TIMEOUT_S``."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[sock.send(view):]
-        except BlockingIOError:
-            with trio.move_on_after(SEND_TIMEOUT_S) as timer:
-                await trio.lowlevel.wait_writable(sock)
-            if timer.cancelled_caught:
-                return False
-        except OSError:
-            return False
-    return True

@@ -32,4 +32,5 @@ async def serve_zaqar(
     ``meter``, every request is counted in it (by handler name, status and time)."""
     app = ZaqarApp(queues, limits, default_project, auth)
     served = app.asgi if meter is None else MeteredApp(app.asgi, meter)
-    await serve_asgi(served, host, port, shutdown, name="Zaqar", listening=listening, task_status=task_status)
+    await serve_asgi(served, host, port, shutdown, name="Zaqar", listening=listening, http1=True,
+                     task_status=task_status)

@@ -1,0 +1,223 @@
+"""The front door's own HTTP/1.1 server (``boxqueue.facades.http1_connections``), in process:
+``serve_asgi(..., http1=True)`` on a free loopback port with a small ASGI application, driven
+by raw sockets (to see the bytes and the connection's fate) and by httpx."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+
+from boxqueue.facades.asgi_serving import Listening, serve_asgi
+
+
+class App:
+    """Echoes what it was asked; ``/fail`` raises, ``/wait`` waits for the client to leave,
+    ``/refuse`` answers without reading the body."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, Any]] = []
+        self.left = trio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        assert scope["type"] == "http"
+        self.scopes.append(scope)
+        path = scope["path"]
+        if path == "/fail":
+            raise RuntimeError("the application failed")
+        if path == "/wait":
+            message = await receive()
+            assert message["type"] == "http.request"
+            if (await receive())["type"] == "http.disconnect":
+                self.left.set()
+            return
+        body = b""
+        if path != "/refuse":
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the body did not come in time (answered 408)
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    break
+        answer = json.dumps({"method": scope["method"], "path": path, "query": scope["query_string"].decode(),
+                             "body": body.decode()}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+
+async def start(nursery: trio.Nursery, app: App, **listening: Any) -> tuple[int, trio.Event]:
+    shutdown = trio.Event()
+    port = await nursery.start(lambda task_status: serve_asgi(
+        app, "127.0.0.1", 0, shutdown, name="test", http1=True, graceful_s=2.0,
+        listening=Listening(**listening), task_status=task_status))
+    return port, shutdown
+
+
+async def read_answer(stream: trio.SocketStream, buffer: bytearray,
+                      head: bool = False) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One answer (status line, headers, body by content-length unless it answers a HEAD)."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        assert data, f"the connection closed before an answer: {bytes(buffer)!r}"
+        buffer += data
+    end = buffer.index(b"\r\n\r\n")
+    lines = bytes(buffer[:end]).split(b"\r\n")
+    del buffer[: end + 4]
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines[1:])}
+    length = 0 if head else int(headers.get(b"content-length", b"0"))
+    while len(buffer) < length:
+        data = await stream.receive_some(65536)
+        assert data
+        buffer += data
+    body = bytes(buffer[:length])
+    del buffer[:length]
+    return lines[0], headers, body
+
+
+async def closed(stream: trio.SocketStream, buffer: bytearray) -> bool:
+    """Whether the server closes the connection (within 5 s) with nothing more sent."""
+    with trio.move_on_after(5):
+        data = await stream.receive_some(65536)
+        buffer += data
+        return data == b""
+    return False
+
+
+async def test_one_connection_serves_many_requests_with_and_without_bodies() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        for i in range(3):
+            await stream.send_all(b"GET /a%%20b?x=%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            status, headers, body = await read_answer(stream, buffer)
+            assert status == b"HTTP/1.1 200 " or status.startswith(b"HTTP/1.1 200"), status
+            assert b"connection" not in headers and b"date" in headers
+            assert json.loads(body) == {"method": "GET", "path": "/a b", "query": f"x={i}", "body": ""}
+            await stream.send_all(b"DELETE /d HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, headers, body = await read_answer(stream, buffer)
+            assert json.loads(body)["method"] == "DELETE" and b"connection" not in headers
+            await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
+            status, headers, body = await read_answer(stream, buffer)
+            assert json.loads(body)["body"] == "hello" and b"connection" not in headers
+        client = app.scopes[0]["client"]
+        assert all(scope["client"] == client for scope in app.scopes)  # one connection throughout
+        assert len(app.scopes) == 9
+        assert app.scopes[0]["raw_path"] == b"/a%20b" and app.scopes[0]["server"][1] == port
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_pipelined_chunked_and_100_continue_requests() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n"
+                              b"POST /2 HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+                              b"HEAD /3 HTTP/1.1\r\nHost: h\r\n\r\n")
+        _, _, body = await read_answer(stream, buffer)
+        assert json.loads(body)["path"] == "/1"
+        _, _, body = await read_answer(stream, buffer)
+        assert json.loads(body) == {"method": "POST", "path": "/2", "query": "", "body": "abcde"}
+        status, headers, _ = await read_answer(stream, buffer, head=True)
+        assert status.startswith(b"HTTP/1.1 200") and int(headers[b"content-length"]) > 0
+        assert buffer == b""  # HEAD: the head only, no body
+        await stream.send_all(b"POST /4 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        status, _, _ = await read_answer(stream, buffer)
+        assert status.startswith(b"HTTP/1.1 100")
+        await stream.send_all(b"xyz")
+        _, _, body = await read_answer(stream, buffer)
+        assert json.loads(body)["body"] == "xyz"
+        await stream.aclose()
+        shutdown.set()
+
+
+async def test_refusals_close_the_connection_and_the_server_goes_on() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app, body_timeout_s=1.0)
+        cases = [
+            (b"GET /fail HTTP/1.1\r\nHost: h\r\n\r\n", b"HTTP/1.1 500"),
+            (b"GET /ok HTTP/1.1\r\nHost: h\r\n\r\nNOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 400"),
+            (b"POST /refuse HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12", b"HTTP/1.1 200"),
+            (b"POST /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12", b"HTTP/1.1 408"),
+        ]
+        for request, expected in cases:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            buffer = bytearray()
+            await stream.send_all(request)
+            status, headers, _ = await read_answer(stream, buffer)
+            if request.startswith(b"GET /ok"):  # the first request is answered, the garbage refused
+                assert status.startswith(b"HTTP/1.1 200")
+                status, headers, _ = await read_answer(stream, buffer)
+            assert status.startswith(expected), (request, status)
+            assert headers.get(b"connection") == b"close", (request, headers)
+            assert await closed(stream, buffer), request
+            await stream.aclose()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            answer = await client.post("/after", content=b"still serving")
+            assert answer.json()["body"] == "still serving"
+        shutdown.set()
+
+
+async def test_a_waiting_request_sees_its_client_leave() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /wait HTTP/1.1\r\nHost: h\r\n\r\n")
+        await trio.sleep(0.2)
+        assert not app.left.is_set()
+        await stream.aclose()
+        with trio.fail_after(5):
+            await app.left.wait()
+        shutdown.set()
+
+
+async def test_idle_connections_close_when_the_server_stops_and_after_the_keep_alive_timeout() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app, keep_alive_timeout_s=1.0)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        await read_answer(stream, buffer)
+        started = trio.current_time()
+        assert await closed(stream, buffer)  # idle past the keep-alive timeout
+        assert 0.8 <= trio.current_time() - started < 4.0
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        await read_answer(stream, buffer)
+        started = trio.current_time()
+        shutdown.set()
+        assert await closed(stream, buffer)
+        assert trio.current_time() - started < 0.9  # at once, not at the keep-alive timeout
+
+
+async def test_websocket_upgrades_still_go_to_hypercorn() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        status, headers, _ = await read_answer(stream, buffer)
+        assert status.startswith(b"HTTP/1.1 101"), status
+        assert headers[b"sec-websocket-accept"] == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        await stream.aclose()
+        shutdown.set()
