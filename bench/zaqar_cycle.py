@@ -19,6 +19,13 @@ runs the same cycle with httpx.
 OpenStack Zaqar started by ``bench/real_zaqar.sh``:
 
     .venv/bin/python bench/zaqar_cycle.py --url http://127.0.0.1:8888 --seconds 10
+
+``--against-real`` runs the same load, after boxqueue's, against real Zaqar started fresh for the
+run by ``bench/real_zaqar.sh`` (so both start empty: Zaqar on Redis slows as expired claims pile
+up), on Redis as it ships, with ``appendfsync always`` (durable per write, as ``wal fsync``), or
+both, and prints the ratios:
+
+    .venv/bin/python bench/zaqar_cycle.py --seconds 10 --against-real both
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -181,7 +191,8 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None) -> tuple[list[tuple[int, list[float], float]], float | None]:
+def run_load(base: str, args: argparse.Namespace,
+             server_cpu: Callable[[], float] | None = None) -> tuple[list[tuple[int, list[float], float]], float | None]:
     """Run the client processes against ``base``; each one's (deleted, cycle times, its CPU
     seconds over the measured window), and the
     server's CPU seconds over the measured window when its pid is given."""
@@ -198,11 +209,11 @@ def run_load(base: str, args: argparse.Namespace, server_pid: int | None = None)
         procs.append(p)
         offset += n
     cpu = None
-    if server_pid is not None:
+    if server_cpu is not None:
         time.sleep(max(0.0, warmup_end - time.monotonic()))
-        cpu0 = _cpu_s(server_pid)
+        cpu0 = server_cpu()
         time.sleep(max(0.0, until - time.monotonic()))
-        cpu = _cpu_s(server_pid) - cpu0
+        cpu = server_cpu() - cpu0
     results = [out.get() for _ in procs]
     for p in procs:
         p.join()
@@ -219,28 +230,81 @@ def main() -> None:
     parser.add_argument("--wal", default="fsync", choices=["fsync", "write", "none"])
     parser.add_argument("--client", default="raw", choices=["raw", "httpx"],
                         help="raw: requests written as bytes (cheap); httpx: the httpx client")
-    parser.add_argument("--json", type=Path, help="write the result here too")
+    parser.add_argument("--json", type=Path, help="append each result here too (a JSON line)")
     parser.add_argument("--url", help="drive this Zaqar endpoint (http://host:port) instead of starting boxqueue")
+    parser.add_argument("--against-real", choices=["as-ships", "always", "both"],
+                        help="after boxqueue, run the same load against real Zaqar started fresh by "
+                             "bench/real_zaqar.sh: Redis as it ships, with appendfsync always, or both")
     args = parser.parse_args()
-    cpu = None
     if args.url:
         results, _ = run_load(args.url.rstrip("/"), args)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            http_port = free_port()
-            server = ServerProcess(Path(tmp), extra_config=f'[zaqar]\nlisten = "127.0.0.1:{http_port}"\n',
-                                   wal_mode=args.wal, read_only=False)
-            server.start()
+        report(args, results, None, {"url": args.url})
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        http_port = free_port()
+        server = ServerProcess(Path(tmp), extra_config=f'[zaqar]\nlisten = "127.0.0.1:{http_port}"\n',
+                               wal_mode=args.wal, read_only=False)
+        server.start()
+        pid = server.proc.pid if server.proc else None
+        try:
+            results, cpu = run_load(f"http://127.0.0.1:{http_port}", args, (lambda: _cpu_s(pid)) if pid else None)
+        finally:
+            server.stop()
+    ours = report(args, results, cpu, {"server": "boxqueue", "wal": args.wal})
+    if args.against_real:
+        for redis in (["as-ships", "always"] if args.against_real == "both" else [args.against_real]):
+            results, cpu = run_real_zaqar(args, redis)
+            theirs = report(args, results, cpu, {"server": f"zaqar 21.0.3, redis {redis}"})
+            print(json.dumps({"ratio_vs": redis, "messages_per_s": round(ours["messages_per_s"] / theirs["messages_per_s"], 2)}))
+
+
+REDIS_ALWAYS = "--appendonly yes --appendfsync always"
+
+
+def run_real_zaqar(args: argparse.Namespace, redis: str) -> tuple[list[tuple[int, list[float], float]], float | None]:
+    """The load against real Zaqar (gunicorn and Redis) started fresh by bench/real_zaqar.sh; the
+    server's CPU is that of every process of the script's session (gunicorn's and Redis's)."""
+    port = free_port()
+    env = {**os.environ, **({"REDIS_ARGS": REDIS_ALWAYS} if redis == "always" else {})}
+    script = Path(__file__).resolve().parent / "real_zaqar.sh"
+    proc = subprocess.Popen([str(script), str(port)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120  # (the first run installs Zaqar into its venv)
+        while True:
             try:
-                results, cpu = run_load(f"http://127.0.0.1:{http_port}", args, server.proc.pid if server.proc else None)
-            finally:
-                server.stop()
+                if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code < 500:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("real Zaqar did not start (run bench/real_zaqar.sh to see why)")
+            time.sleep(0.5)
+        return run_load(f"http://127.0.0.1:{port}", args, lambda: _session_cpu_s(proc.pid))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def _session_cpu_s(sid: int) -> float:
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # the session id
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def report(args: argparse.Namespace, results: list[tuple[int, list[float], float]], cpu: float | None,
+           what: dict[str, object]) -> dict[str, object]:
     done = sum(d for d, _, _ in results)
     cycles = sorted(c for _, cs, _ in results for c in cs)
     client_cpu = sum(c for _, _, c in results)
     result = {
-        "clients": args.clients, "client": args.client, "batch": args.batch, **({"url": args.url} if args.url else {"wal": args.wal}),
-        "seconds": args.seconds,
+        **what, "clients": args.clients, "client": args.client, "batch": args.batch, "seconds": args.seconds,
         "messages_per_s": round(done / args.seconds, 1),
         "cycle_p50_ms": round(statistics.median(cycles) * 1000, 1) if cycles else None,
         "cycle_p99_ms": round(cycles[int(len(cycles) * 0.99) - 1] * 1000, 1) if cycles else None,
@@ -249,8 +313,9 @@ def main() -> None:
     }
     print(json.dumps(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-
+        with args.json.open("a") as out:
+            out.write(json.dumps(result) + "\n")
+    return result
 
 if __name__ == "__main__":
     main()

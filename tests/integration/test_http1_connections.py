@@ -32,6 +32,15 @@ class App:
         path = scope["path"]
         if path == "/fail":
             raise RuntimeError("the application failed")
+        if path in ("/stream", "/unframed", "/bad-header"):
+            await receive()
+            headers = [(b"x-note", b"one\r\nset-cookie: injected")] if path == "/bad-header" else []
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            more = path == "/stream"
+            await send({"type": "http.response.body", "body": b"first,", "more_body": more})
+            if more:
+                await send({"type": "http.response.body", "body": b"second", "more_body": False})
+            return
         if path == "/wait":
             message = await receive()
             assert message["type"] == "http.request"
@@ -39,7 +48,7 @@ class App:
                 self.left.set()
             return
         body = b""
-        if path != "/refuse":
+        if path not in ("/refuse", "/unread"):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -111,9 +120,13 @@ async def test_one_connection_serves_many_requests_with_and_without_bodies() -> 
             await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
             status, headers, body = await read_answer(stream, buffer)
             assert json.loads(body)["body"] == "hello" and b"connection" not in headers
+            # Answered without the application asking for the request (read to its end): kept.
+            await stream.send_all(b"DELETE /unread HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, headers, body = await read_answer(stream, buffer)
+            assert json.loads(body)["path"] == "/unread" and b"connection" not in headers
         client = app.scopes[0]["client"]
         assert all(scope["client"] == client for scope in app.scopes)  # one connection throughout
-        assert len(app.scopes) == 9
+        assert len(app.scopes) == 12
         assert app.scopes[0]["raw_path"] == b"/a%20b" and app.scopes[0]["server"][1] == port
         await stream.aclose()
         shutdown.set()
@@ -220,4 +233,76 @@ async def test_websocket_upgrades_still_go_to_hypercorn() -> None:
         assert status.startswith(b"HTTP/1.1 101"), status
         assert headers[b"sec-websocket-accept"] == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
         await stream.aclose()
+        shutdown.set()
+
+
+async def read_chunked(stream: trio.SocketStream, buffer: bytearray) -> bytes:
+    body = b""
+    while True:
+        while b"\r\n" not in buffer:
+            buffer += await stream.receive_some(65536)
+        line, _, rest = bytes(buffer).partition(b"\r\n")
+        size = int(line, 16)
+        while len(rest) < size + 2:
+            rest += await stream.receive_some(65536)
+        body += rest[:size]
+        buffer[:] = rest[size + 2:]
+        if size == 0:
+            return body
+
+
+async def test_answers_are_framed_by_length_or_in_chunks_and_headers_are_checked() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /unframed HTTP/1.1\r\nHost: h\r\n\r\n")
+        _, headers, body = await read_answer(stream, buffer)
+        assert headers[b"content-length"] == b"6" and body == b"first,"
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        _, headers, _ = await read_answer(stream, buffer, head=True)
+        assert headers[b"transfer-encoding"] == b"chunked" and b"content-length" not in headers
+        assert await read_chunked(stream, buffer) == b"first,second"
+        await stream.send_all(b"GET /bad-header HTTP/1.1\r\nHost: h\r\n\r\n")
+        status, headers, _ = await read_answer(stream, buffer)
+        assert status.startswith(b"HTTP/1.1 500") and b"set-cookie" not in headers
+        assert await closed(stream, buffer)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            answer = await client.get("/stream")
+            assert answer.text == "first,second"
+        shutdown.set()
+
+
+async def test_http_1_0_long_heads_and_upgrades_on_a_kept_connection_end_it() -> None:
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /old HTTP/1.0\r\n\r\n")
+        status, headers, body = await read_answer(stream, buffer)
+        assert headers[b"connection"] == b"close" and json.loads(body)["path"] == "/old"
+        assert await closed(stream, buffer)
+
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await read_answer(stream, buffer)
+        await stream.send_all(b"GET /long HTTP/1.1\r\nHost: h\r\nX-Long: " + b"a" * 20000)
+        await trio.sleep(0.1)
+        await stream.send_all(b"a" * 20000)  # a head past 16 KiB, still unfinished
+        status, headers, _ = await read_answer(stream, buffer)
+        assert status.startswith(b"HTTP/1.1 431"), status
+        assert await closed(stream, buffer)
+
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        buffer = bytearray()
+        await stream.send_all(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await read_answer(stream, buffer)
+        await stream.send_all(b"GET /up HTTP/1.1\r\nHost: h\r\nUpgrade: other\r\nConnection: Upgrade\r\n\r\n")
+        status, headers, body = await read_answer(stream, buffer)
+        assert status.startswith(b"HTTP/1.1 200") and headers[b"connection"] == b"close"
+        assert json.loads(body)["path"] == "/up"
+        assert await closed(stream, buffer)
         shutdown.set()
