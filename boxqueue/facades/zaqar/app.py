@@ -158,7 +158,7 @@ class ZaqarApp(AdminHandlers):
         return response
 
     async def _serve(self, request: Request, reply_type: str | None) -> Response:
-        path = request.url.path
+        path = request.scope["path"]  # (request.url would build a URL from the Host header)
         headers = request.headers
         content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
         if "content-length" in headers and content_type == "application/x-www-form-urlencoded":
