@@ -16,8 +16,15 @@ it) with the bytes read so far replayed in front of the stream, so it sees exact
 sent. The Sonya facade takes over WebSocket listeners this way: a fan-out then writes each
 listener's frame straight to its socket instead of through ASGI, hypercorn and wsproto per frame.
 
+A listener may also be served with ``http1``: its plain HTTP/1.1 connections that no takeover
+claims (every one but a WebSocket upgrade) are then served by this process's own HTTP/1.1 server,
+:mod:`boxqueue.facades.http1_connections` (llhttp through httptools, one task per connection, the
+ASGI application called in it), instead of hypercorn's layers; TLS connections and upgrades still
+go to hypercorn. The Zaqar facade is served so: its requests are short, and hypercorn's layers cost
+more than its handlers (docs/performance.md).
+
 Every HTTP listener (Zaqar, Sonya, metrics) is served through this front door, so what protects a
-listener is done here once (:class:`Listening`):
+listener is done here once (:class:`Listening`; the HTTP/1.1 server keeps the same promises):
 
 * **TLS** is terminated here (a :class:`trio.SSLStream` per connection, the handshake within the
   head timeout); hypercorn then sees a TLS stream (``scheme`` is ``https``). A connection that
