@@ -13,6 +13,10 @@ Candidates (``--servers``):
   handed back, as ``boxqueue/facades/deckard/trio_bridge.py`` does for every Deckard call (the hop's cost);
 * ``aio``: grpcio's asyncio server (``grpc.aio``) on its own loop;
 * ``aio-trio``: the asyncio server, each call handed to a trio loop thread and back;
+* ``h2-trio``: gRPC's unary framing over the ``h2`` library on trio, one task per connection, the
+  answer written in the task that read the request: what serving Deckard from our own front door
+  (as the Zaqar facade's HTTP/1.1 is served) would cost in transport, before any of gRPC's other
+  duties (deadlines, metadata limits, compression flags, status details, TLS with ALPN);
 * ``purerpc``: purerpc (gRPC over h2 on anyio) on trio. purerpc 0.8 needs ``h2 < 4`` where the
   project has h2 4, so it runs from another interpreter: ``--purerpc-python`` names one that has
   purerpc, trio and protobuf (a venv of its own).
@@ -34,7 +38,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-SERVERS = ("threadpool", "threadpool-trio", "aio", "aio-trio", "purerpc")
+SERVERS = ("threadpool", "threadpool-trio", "aio", "aio-trio", "purerpc", "h2-trio")
 METHOD = "/bench.Echo/Echo"
 
 
@@ -142,6 +146,45 @@ server.serve(backend="trio")
 """
 
 
+def serve_h2_trio(port: int) -> None:
+    """A bare gRPC unary echo over h2 on trio (see the module docstring)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import trio
+
+    config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+    answer_head = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    trailers = [(b"grpc-status", b"0")]
+
+    async def connection(stream: trio.SocketStream) -> None:
+        conn = h2.connection.H2Connection(config=config)
+        conn.initiate_connection()
+        await stream.send_all(conn.data_to_send())
+        bodies: dict[int, bytearray] = {}
+        while data := await stream.receive_some(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    bodies[event.stream_id] = bytearray()
+                elif isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    message = bytes(bodies.pop(event.stream_id))  # 5-byte prefix + BytesValue: echoed
+                    conn.send_headers(event.stream_id, answer_head)
+                    conn.send_data(event.stream_id, message)
+                    conn.send_headers(event.stream_id, trailers, end_stream=True)
+            if out := conn.data_to_send():
+                await stream.send_all(out)
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+        print("ready", flush=True)
+        await trio.serve_listeners(connection, listeners)
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- clients
 
 
@@ -232,6 +275,9 @@ def main() -> int:
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve == "h2-trio":
+        serve_h2_trio(args.port)
+        return 0
     if args.serve:
         serve_grpcio(args.serve, args.port)
         return 0
