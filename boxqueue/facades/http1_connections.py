@@ -395,6 +395,8 @@ class Http1Connection:
 
     def _start(self, status: int, headers: Any) -> None:
         """The answer's head, but for its framing, decided when the body's first part comes."""
+        if self.serving.stopping:
+            self.close_after = True  # the server stopped while this request was answered
         if not self.request.complete:
             # The request is not read to its end (what follows it on the connection is unknown):
             # this answer is the connection's last, and says so, so a keep-alive client does not

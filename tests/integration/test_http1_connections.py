@@ -20,6 +20,8 @@ class App:
     def __init__(self) -> None:
         self.scopes: list[dict[str, Any]] = []
         self.left = trio.Event()
+        self.entered = trio.Event()  # /held: the request has reached the application...
+        self.release = trio.Event()  # ... which answers once this is set
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
@@ -41,6 +43,9 @@ class App:
             if more:
                 await send({"type": "http.response.body", "body": b"second", "more_body": False})
             return
+        if path == "/held":
+            self.entered.set()
+            await self.release.wait()
         if path == "/wait":
             message = await receive()
             assert message["type"] == "http.request"
@@ -215,10 +220,18 @@ async def test_idle_connections_close_when_the_server_stops_and_after_the_keep_a
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
         await read_answer(stream, buffer)
+        held = await trio.open_tcp_stream("127.0.0.1", port)
+        await held.send_all(b"GET /held HTTP/1.1\r\nHost: h\r\n\r\n")
+        await app.entered.wait()
         started = trio.current_time()
         shutdown.set()
         assert await closed(stream, buffer)
         assert trio.current_time() - started < 0.9  # at once, not at the keep-alive timeout
+        app.release.set()  # the request under way when the server stopped is answered...
+        held_buffer = bytearray()
+        status, headers, _ = await read_answer(held, held_buffer)
+        assert status.startswith(b"HTTP/1.1 200") and headers[b"connection"] == b"close"  # ...as the last
+        assert await closed(held, held_buffer)
 
 
 async def test_websocket_upgrades_still_go_to_hypercorn() -> None:
