@@ -107,33 +107,53 @@ async def closed(stream: trio.SocketStream, buffer: bytearray) -> bool:
     return False
 
 
+class Raw:
+    """One raw connection to the server, and what was read from it ahead of the next answer."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    @classmethod
+    async def to(cls, port: int) -> Raw:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def answer(self, head: bool = False) -> tuple[bytes, dict[bytes, bytes], bytes]:
+        return await read_answer(self.stream, self.buffer, head)
+
+    async def closed(self) -> bool:
+        return await closed(self.stream, self.buffer)
+
+
 async def test_one_connection_serves_many_requests_with_and_without_bodies() -> None:
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
+        conn = await Raw.to(port)
         for i in range(3):
-            await stream.send_all(b"GET /a%%20b?x=%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
-            status, headers, body = await read_answer(stream, buffer)
+            await conn.send(b"GET /a%%20b?x=%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            status, headers, body = await conn.answer()
             assert status == b"HTTP/1.1 200 " or status.startswith(b"HTTP/1.1 200"), status
             assert b"connection" not in headers and b"date" in headers
             assert json.loads(body) == {"method": "GET", "path": "/a b", "query": f"x={i}", "body": ""}
-            await stream.send_all(b"DELETE /d HTTP/1.1\r\nHost: h\r\n\r\n")
-            status, headers, body = await read_answer(stream, buffer)
+            await conn.send(b"DELETE /d HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, headers, body = await conn.answer()
             assert json.loads(body)["method"] == "DELETE" and b"connection" not in headers
-            await stream.send_all(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
-            status, headers, body = await read_answer(stream, buffer)
+            await conn.send(b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
+            status, headers, body = await conn.answer()
             assert json.loads(body)["body"] == "hello" and b"connection" not in headers
             # Answered without the application asking for the request (read to its end): kept.
-            await stream.send_all(b"DELETE /unread HTTP/1.1\r\nHost: h\r\n\r\n")
-            status, headers, body = await read_answer(stream, buffer)
+            await conn.send(b"DELETE /unread HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, headers, body = await conn.answer()
             assert json.loads(body)["path"] == "/unread" and b"connection" not in headers
         client = app.scopes[0]["client"]
         assert all(scope["client"] == client for scope in app.scopes)  # one connection throughout
         assert len(app.scopes) == 12
         assert app.scopes[0]["raw_path"] == b"/a%20b" and app.scopes[0]["server"][1] == port
-        await stream.aclose()
+        await conn.stream.aclose()
         shutdown.set()
 
 
@@ -141,26 +161,25 @@ async def test_pipelined_chunked_and_100_continue_requests() -> None:
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n"
+        conn = await Raw.to(port)
+        await conn.send(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n"
                               b"POST /2 HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
                               b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
                               b"HEAD /3 HTTP/1.1\r\nHost: h\r\n\r\n")
-        _, _, body = await read_answer(stream, buffer)
+        _, _, body = await conn.answer()
         assert json.loads(body)["path"] == "/1"
-        _, _, body = await read_answer(stream, buffer)
+        _, _, body = await conn.answer()
         assert json.loads(body) == {"method": "POST", "path": "/2", "query": "", "body": "abcde"}
-        status, headers, _ = await read_answer(stream, buffer, head=True)
+        status, headers, _ = await conn.answer(head=True)
         assert status.startswith(b"HTTP/1.1 200") and int(headers[b"content-length"]) > 0
-        assert buffer == b""  # HEAD: the head only, no body
-        await stream.send_all(b"POST /4 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
-        status, _, _ = await read_answer(stream, buffer)
+        assert conn.buffer == b""  # HEAD: the head only, no body
+        await conn.send(b"POST /4 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        status, _, _ = await conn.answer()
         assert status.startswith(b"HTTP/1.1 100")
-        await stream.send_all(b"xyz")
-        _, _, body = await read_answer(stream, buffer)
+        await conn.send(b"xyz")
+        _, _, body = await conn.answer()
         assert json.loads(body)["body"] == "xyz"
-        await stream.aclose()
+        await conn.stream.aclose()
         shutdown.set()
 
 
@@ -175,17 +194,16 @@ async def test_refusals_close_the_connection_and_the_server_goes_on() -> None:
             (b"POST /slow HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n12", b"HTTP/1.1 408"),
         ]
         for request, expected in cases:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            buffer = bytearray()
-            await stream.send_all(request)
-            status, headers, _ = await read_answer(stream, buffer)
+            conn = await Raw.to(port)
+            await conn.send(request)
+            status, headers, _ = await conn.answer()
             if request.startswith(b"GET /ok"):  # the first request is answered, the garbage refused
                 assert status.startswith(b"HTTP/1.1 200")
-                status, headers, _ = await read_answer(stream, buffer)
+                status, headers, _ = await conn.answer()
             assert status.startswith(expected), (request, status)
             assert headers.get(b"connection") == b"close", (request, headers)
-            assert await closed(stream, buffer), request
-            await stream.aclose()
+            assert await conn.closed(), request
+            await conn.stream.aclose()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             answer = await client.post("/after", content=b"still serving")
             assert answer.json()["body"] == "still serving"
@@ -196,11 +214,11 @@ async def test_a_waiting_request_sees_its_client_leave() -> None:
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"GET /wait HTTP/1.1\r\nHost: h\r\n\r\n")
+        conn = await Raw.to(port)
+        await conn.send(b"GET /wait HTTP/1.1\r\nHost: h\r\n\r\n")
         await trio.sleep(0.2)
         assert not app.left.is_set()
-        await stream.aclose()
+        await conn.stream.aclose()
         with trio.fail_after(5):
             await app.left.wait()
         shutdown.set()
@@ -210,42 +228,39 @@ async def test_idle_connections_close_when_the_server_stops_and_after_the_keep_a
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app, keep_alive_timeout_s=1.0)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
-        await read_answer(stream, buffer)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        await conn.answer()
         started = trio.current_time()
-        assert await closed(stream, buffer)  # idle past the keep-alive timeout
+        assert await conn.closed()  # idle past the keep-alive timeout
         assert 0.8 <= trio.current_time() - started < 4.0
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        await stream.send_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
-        await read_answer(stream, buffer)
-        held = await trio.open_tcp_stream("127.0.0.1", port)
-        await held.send_all(b"GET /held HTTP/1.1\r\nHost: h\r\n\r\n")
+        conn = await Raw.to(port)
+        await conn.send(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        await conn.answer()
+        held = await Raw.to(port)
+        await held.send(b"GET /held HTTP/1.1\r\nHost: h\r\n\r\n")
         await app.entered.wait()
         started = trio.current_time()
         shutdown.set()
-        assert await closed(stream, buffer)
+        assert await conn.closed()
         assert trio.current_time() - started < 0.9  # at once, not at the keep-alive timeout
         app.release.set()  # the request under way when the server stopped is answered...
-        held_buffer = bytearray()
-        status, headers, _ = await read_answer(held, held_buffer)
+        status, headers, _ = await held.answer()
         assert status.startswith(b"HTTP/1.1 200") and headers[b"connection"] == b"close"  # ...as the last
-        assert await closed(held, held_buffer)
+        assert await held.closed()
 
 
 async def test_websocket_upgrades_still_go_to_hypercorn() -> None:
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        conn = await Raw.to(port)
+        await conn.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
-        status, headers, _ = await read_answer(stream, buffer)
+        status, headers, _ = await conn.answer()
         assert status.startswith(b"HTTP/1.1 101"), status
         assert headers[b"sec-websocket-accept"] == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
-        await stream.aclose()
+        await conn.stream.aclose()
         shutdown.set()
 
 
@@ -268,19 +283,18 @@ async def test_answers_are_framed_by_length_or_in_chunks_and_headers_are_checked
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /unframed HTTP/1.1\r\nHost: h\r\n\r\n")
-        _, headers, body = await read_answer(stream, buffer)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /unframed HTTP/1.1\r\nHost: h\r\n\r\n")
+        _, headers, body = await conn.answer()
         assert headers[b"content-length"] == b"6" and body == b"first,"
-        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n")
-        _, headers, _ = await read_answer(stream, buffer, head=True)
+        await conn.send(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        _, headers, _ = await conn.answer(head=True)
         assert headers[b"transfer-encoding"] == b"chunked" and b"content-length" not in headers
-        assert await read_chunked(stream, buffer) == b"first,second"
-        await stream.send_all(b"GET /bad-header HTTP/1.1\r\nHost: h\r\n\r\n")
-        status, headers, _ = await read_answer(stream, buffer)
+        assert await read_chunked(conn.stream, conn.buffer) == b"first,second"
+        await conn.send(b"GET /bad-header HTTP/1.1\r\nHost: h\r\n\r\n")
+        status, headers, _ = await conn.answer()
         assert status.startswith(b"HTTP/1.1 500") and b"set-cookie" not in headers
-        assert await closed(stream, buffer)
+        assert await conn.closed()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             answer = await client.get("/stream")
             assert answer.text == "first,second"
@@ -291,31 +305,28 @@ async def test_http_1_0_long_heads_and_upgrades_on_a_kept_connection_end_it() ->
     app = App()
     async with trio.open_nursery() as nursery:
         port, shutdown = await start(nursery, app)
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /old HTTP/1.0\r\n\r\n")
-        status, headers, body = await read_answer(stream, buffer)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /old HTTP/1.0\r\n\r\n")
+        status, headers, body = await conn.answer()
         assert headers[b"connection"] == b"close" and json.loads(body)["path"] == "/old"
-        assert await closed(stream, buffer)
+        assert await conn.closed()
 
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
-        await read_answer(stream, buffer)
-        await stream.send_all(b"GET /long HTTP/1.1\r\nHost: h\r\nX-Long: " + b"a" * 20000)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await conn.answer()
+        await conn.send(b"GET /long HTTP/1.1\r\nHost: h\r\nX-Long: " + b"a" * 20000)
         await trio.sleep(0.1)
-        await stream.send_all(b"a" * 20000)  # a head past 16 KiB, still unfinished
-        status, headers, _ = await read_answer(stream, buffer)
+        await conn.send(b"a" * 20000)  # a head past 16 KiB, still unfinished
+        status, headers, _ = await conn.answer()
         assert status.startswith(b"HTTP/1.1 431"), status
-        assert await closed(stream, buffer)
+        assert await conn.closed()
 
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buffer = bytearray()
-        await stream.send_all(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
-        await read_answer(stream, buffer)
-        await stream.send_all(b"GET /up HTTP/1.1\r\nHost: h\r\nUpgrade: other\r\nConnection: Upgrade\r\n\r\n")
-        status, headers, body = await read_answer(stream, buffer)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await conn.answer()
+        await conn.send(b"GET /up HTTP/1.1\r\nHost: h\r\nUpgrade: other\r\nConnection: Upgrade\r\n\r\n")
+        status, headers, body = await conn.answer()
         assert status.startswith(b"HTTP/1.1 200") and headers[b"connection"] == b"close"
         assert json.loads(body)["path"] == "/up"
-        assert await closed(stream, buffer)
+        assert await conn.closed()
         shutdown.set()
