@@ -21,7 +21,9 @@ claims (every one but a WebSocket upgrade) are then served by this process's own
 :mod:`boxqueue.facades.http1_connections` (llhttp through httptools, one task per connection, the
 ASGI application called in it), instead of hypercorn's layers; TLS connections and upgrades still
 go to hypercorn. The Zaqar facade is served so: its requests are short, and hypercorn's layers cost
-more than its handlers (docs/performance.md).
+more than its handlers (docs/performance.md). The Sonya facade is not: a WebSocket upgrade that
+follows another request on a kept-alive connection must reach hypercorn, and this server answers
+every request on its connections itself (it would answer that one as a plain request).
 
 Every HTTP listener (Zaqar, Sonya, metrics) is served through this front door, so what protects a
 listener is done here once (:class:`Listening`; the HTTP/1.1 server keeps the same promises):
