@@ -51,27 +51,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.serverproc import ServerProcess, free_port
 
 
-async def client_loop(base: str, queue: str, batch: int, until: float, warmup_end: float) -> tuple[int, list[float]]:
-    headers = {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "bench"}
-    done, cycles = 0, []
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as c:
-        msgs = {"messages": [{"body": {"n": i, "payload": "x" * 64}, "ttl": 300} for i in range(batch)]}
-        while time.monotonic() < until:
-            started = time.monotonic()
-            r = await c.post(f"/v1.1/queues/{queue}/messages", json=msgs)
-            r.raise_for_status()
-            r = await c.post(f"/v1.1/queues/{queue}/claims?limit={batch}", json={"ttl": 60, "grace": 60})
-            if r.status_code != 201:
-                continue
-            for m in r.json()["messages"]:
-                d = await c.delete(m["href"])
-                if d.status_code != 204:
-                    raise RuntimeError(f"delete answered {d.status_code}: {d.text}")
-                if started >= warmup_end:
-                    done += 1
-            if started >= warmup_end:
-                cycles.append(time.monotonic() - started)
-    return done, cycles
+class HttpxHttp:
+    """The same requests through httpx (``--client httpx``)."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.client = httpx.AsyncClient(base_url=base, headers=headers, timeout=60)
+
+    async def request(self, method: str, target: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        answer = await self.client.request(method, target, content=body, headers=headers)
+        return answer.status_code, answer.content
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 class RawHttp:
@@ -132,8 +124,9 @@ class RawHttp:
             self.stream = None
 
 
-async def raw_client_loop(base: str, queue: str, batch: int, until: float, warmup_end: float) -> tuple[int, list[float]]:
-    http = RawHttp(base, {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "bench"})
+async def client_loop(http: RawHttp | HttpxHttp, queue: str, batch: int, until: float,
+                      warmup_end: float) -> tuple[int, list[float]]:
+    """One client's cycles on ``http`` until ``until``: messages deleted and cycle times after ``warmup_end``."""
     done, cycles = 0, []
     msgs = json.dumps({"messages": [{"body": {"n": i, "payload": "x" * 64}, "ttl": 300} for i in range(batch)]}).encode()
     claim = json.dumps({"ttl": 60, "grace": 60}).encode()
@@ -161,13 +154,14 @@ async def raw_client_loop(base: str, queue: str, batch: int, until: float, warmu
 
 def worker(base: str, clients: int, offset: int, batch: int, until: float, warmup_end: float, out,
            client: str = "raw") -> None:
-    loop = raw_client_loop if client == "raw" else client_loop
+    transport = RawHttp if client == "raw" else HttpxHttp
 
     async def main() -> None:
         results: list[tuple[int, list[float]]] = []
 
         async def one(i: int) -> None:
-            results.append(await loop(base, f"bench{offset + i}", batch, until, warmup_end))
+            http = transport(base, {"Client-ID": str(uuid.uuid4()), "X-Project-ID": "bench"})
+            results.append(await client_loop(http, f"bench{offset + i}", batch, until, warmup_end))
 
         cpu = [0.0, 0.0]
 
@@ -186,8 +180,13 @@ def worker(base: str, clients: int, offset: int, batch: int, until: float, warmu
     trio.run(main)
 
 
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a /proc/PID/stat after the command name (fields[3]: session, [11:13]: CPU)."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -290,7 +289,7 @@ def _session_cpu_s(sid: int) -> float:
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(stat)
         except OSError:
             continue
         if int(fields[3]) == sid:  # the session id

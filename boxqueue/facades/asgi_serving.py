@@ -66,7 +66,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-from boxqueue.facades.http1_connections import Http1Connection, Serving, has_body
+from boxqueue.facades.http1_connections import TIMEOUT_BODY, Http1Connection, Serving
 from boxqueue.iproto.listening import Gate
 
 log = logging.getLogger(__name__)
@@ -151,9 +151,6 @@ async def answer_lifespan(receive: Any, send: Any) -> None:
             return
 
 
-_TIMEOUT_BODY = b"Request Timeout: the request body did not arrive in time.\n"
-
-
 def body_deadline(app: Any, timeout_s: float) -> Any:
     """``app`` with a deadline on each request's body: ``timeout_s`` from the start of the request
     (its head has arrived) to the end of its body. Past it, the client is answered 408 (unless the
@@ -162,7 +159,7 @@ def body_deadline(app: Any, timeout_s: float) -> Any:
     listens for the client's leaving there)."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not has_body(scope["headers"]):
+        if scope["type"] != "http" or not _has_body(scope["headers"]):
             await app(scope, receive, send)
             return
         deadline = trio.current_time() + timeout_s
@@ -184,8 +181,8 @@ def body_deadline(app: Any, timeout_s: float) -> Any:
             if not answering:
                 await send({"type": "http.response.start", "status": 408, "headers": [
                     (b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
-                    (b"content-length", str(len(_TIMEOUT_BODY)).encode())]})
-                await send({"type": "http.response.body", "body": _TIMEOUT_BODY})
+                    (b"content-length", str(len(TIMEOUT_BODY)).encode())]})
+                await send({"type": "http.response.body", "body": TIMEOUT_BODY})
             return {"type": "http.disconnect"}
 
         async def tracking_send(message: dict[str, Any]) -> None:
@@ -207,7 +204,7 @@ def close_unread_requests(app: Any) -> Any:
     on it and get no answer."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not has_body(scope["headers"]):
+        if scope["type"] != "http" or not _has_body(scope["headers"]):
             await app(scope, receive, send)
             return
         received_all = False
@@ -228,6 +225,16 @@ def close_unread_requests(app: Any) -> Any:
         await app(scope, tracking_receive, closing_send)
 
     return wrapped
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for key, value in headers:
+        k = key.lower()
+        if k == b"content-length":
+            return value.strip() != b"0"
+        if k == b"transfer-encoding":
+            return True
+    return False
 
 
 class _FrontDoor:

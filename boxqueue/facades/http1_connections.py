@@ -89,17 +89,18 @@ async def send_all(sock: socket.socket, data: bytes) -> bool:
 
 
 class _Date:
-    """The ``date`` header's value, formatted once a second."""
+    """The ``date`` header's value, formatted once a second (a cache of the clock, nothing more)."""
 
     second = -1
     value = b""
 
-    @classmethod
-    def now(cls) -> bytes:
-        now = int(time.time())
-        if now != cls.second:
-            cls.second, cls.value = now, format_date_time(now).encode("ascii")
-        return cls.value
+
+def http_date() -> bytes:
+    """The ``date`` header's value for an answer written now."""
+    now = int(time.time())
+    if now != _Date.second:
+        _Date.second, _Date.value = now, format_date_time(now).encode("ascii")
+    return _Date.value
 
 
 @dataclass
@@ -184,7 +185,7 @@ class _Requests:
 
 
 _DISCONNECT = {"type": "http.disconnect"}
-_TIMEOUT_BODY = b"Request Timeout: the request body did not arrive in time.\n"
+TIMEOUT_BODY = b"Request Timeout: the request body did not arrive in time.\n"
 _NO_BODY_STATUS = frozenset([204, 304])
 
 
@@ -356,7 +357,7 @@ class Http1Connection:
             self.answering = True
             await self._write(b"HTTP/1.1 408 \r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
                               b"content-length: %d\r\ndate: %s\r\n\r\n%s"
-                              % (len(_TIMEOUT_BODY), _Date.now(), _TIMEOUT_BODY))
+                              % (len(TIMEOUT_BODY), http_date(), TIMEOUT_BODY))
             self.answered = True
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -414,7 +415,7 @@ class Http1Connection:
             if lower == b"content-length":
                 self.framed = True
             lines.append(b"%s: %s\r\n" % (name, value))
-        lines.append(b"date: %s\r\n" % _Date.now())
+        lines.append(b"date: %s\r\n" % http_date())
         if self.close_after:
             lines.append(b"connection: close\r\n")
         self.no_body = self.request.method == b"HEAD" or status in _NO_BODY_STATUS or status < 200
@@ -427,24 +428,13 @@ class Http1Connection:
 
     async def _refuse(self, status: int) -> None:
         """Answer a request the parser refused, and close (as hypercorn answers one)."""
-        if self.answering and not self.answered:
-            return
-        await send_all(self.sock, b"HTTP/1.1 %d \r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n"
-                       % (status, _Date.now()))
+        await send_all(self.sock, _closing_answer(status))
 
     async def _answer_error(self, status: int) -> None:
         self.answering = self.answered = self.close_after = True
-        await self._write(b"HTTP/1.1 %d \r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n"
-                          % (status, _Date.now()))
+        await self._write(_closing_answer(status))
 
 
-def has_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether a request with these headers has a body to read."""
-    for key, value in headers:
-        name = key.lower()
-        if name == b"content-length":
-            return value.strip() != b"0"
-        if name == b"transfer-encoding":
-            return True
-    return False
-
+def _closing_answer(status: int) -> bytes:
+    """An answer without a body that ends the connection."""
+    return b"HTTP/1.1 %d \r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n" % (status, http_date())

@@ -5,14 +5,12 @@ endpoints return, framed by h11 for the request they answer."""
 from __future__ import annotations
 
 import re
-import time
 from urllib.parse import unquote
-from wsgiref.handlers import format_date_time
 
 import h11
 from starlette.responses import Response
 
-from boxqueue.facades.http1_connections import SEND_TIMEOUT_S, receive_some, send_all
+from boxqueue.facades.http1_connections import SEND_TIMEOUT_S, http_date, receive_some, send_all
 
 __all__ = ["SEND_TIMEOUT_S", "Route", "fast_response", "http_response", "keep_alive", "match_get",
            "receive_some", "send_all"]
@@ -38,7 +36,7 @@ def match_get(request: h11.Request, path: re.Pattern[str]) -> Route | None:
 def http_response(conn: h11.Connection, answer: Response, close: bool = False) -> bytes:
     """``answer`` as bytes for the request ``conn`` has read (with a Date header, as hypercorn
     sends; ``close`` adds ``Connection: close``)."""
-    headers = [*answer.raw_headers, (b"date", format_date_time(time.time()).encode())]
+    headers = [*answer.raw_headers, (b"date", http_date())]
     if close:
         headers.append((b"connection", b"close"))
     data = conn.send(h11.Response(status_code=answer.status_code, headers=headers)) or b""
@@ -59,7 +57,7 @@ def fast_response(answer: Response, keep: bool) -> bytes:
     an h11 state machine (a long-poll answer's cost is mostly this otherwise)."""
     lines = [b"HTTP/1.1 %d \r\n" % answer.status_code]
     lines += [name + b": " + value + b"\r\n" for name, value in answer.raw_headers]
-    lines.append(b"date: " + format_date_time(time.time()).encode() + b"\r\n")
+    lines.append(b"date: " + http_date() + b"\r\n")
     if not keep:
         lines.append(b"Connection: close\r\n")  # as h11 writes it
     lines.append(b"\r\n")
