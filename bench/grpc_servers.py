@@ -17,6 +17,8 @@ Candidates (``--servers``):
   answer written in the task that read the request: what serving Deckard from our own front door
   (as the Zaqar facade's HTTP/1.1 is served) would cost in transport, before any of gRPC's other
   duties (deadlines, metadata limits, compression flags, status details, TLS with ALPN);
+* ``front-door``: the server Deckard runs on, ``boxqueue/facades/grpc_connections.py`` (``h2-trio``
+  with gRPC's other duties: deadlines, limits, statuses, a task per call), the echo as its method;
 * ``purerpc``: purerpc (gRPC over h2 on anyio) on trio. purerpc 0.8 needs ``h2 < 4`` where the
   project has h2 4, so it runs from another interpreter: ``--purerpc-python`` names one that has
   purerpc, trio and protobuf (a venv of its own).
@@ -38,7 +40,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-SERVERS = ("threadpool", "threadpool-trio", "aio", "aio-trio", "purerpc", "h2-trio")
+SERVERS = ("threadpool", "threadpool-trio", "aio", "aio-trio", "purerpc", "h2-trio", "front-door")
 METHOD = "/bench.Echo/Echo"
 
 
@@ -185,6 +187,25 @@ def serve_h2_trio(port: int) -> None:
     trio.run(main)
 
 
+def serve_front_door(port: int) -> None:
+    """The echo on the front door's gRPC server (see the module docstring)."""
+    import trio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from boxqueue.facades.grpc_connections import Call, GrpcServer, Method
+
+    async def echo(data: bytes, call: Call) -> bytes:
+        return data
+
+    async def main() -> None:
+        server = GrpcServer({METHOD: Method(unary=echo)})
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve, "127.0.0.1", port)
+            print("ready", flush=True)
+
+    trio.run(main)
+
+
 # --------------------------------------------------------------------------- clients
 
 
@@ -277,6 +298,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.serve == "h2-trio":
         serve_h2_trio(args.port)
+        return 0
+    if args.serve == "front-door":
+        serve_front_door(args.port)
         return 0
     if args.serve:
         serve_grpcio(args.serve, args.port)

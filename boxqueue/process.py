@@ -40,7 +40,7 @@ from boxqueue.spaces.procedures import CallContext, Procedures
 from boxqueue.spaces.space_procedures import space_method_resolver
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
-from boxqueue.tls import pem_files, server_context
+from boxqueue.tls import server_context
 from boxqueue.tubes import box_queue, pools, queue_module, sequences
 from boxqueue.tubes.broadcast import Broadcast
 from boxqueue.tubes.engine import QueueEngine, QueueSpace
@@ -610,7 +610,7 @@ class Server:
                 default_ttl_minutes=deckard.default_ttl_minutes,
                 allow_flush=deckard.allow_flush,
                 token=deckard.token,
-                tls=pem_files(deckard.tls) if deckard.tls is not None else None,
+                tls=server_context(deckard.tls, alpn=("h2",)) if deckard.tls is not None else None,
                 max_connections=deckard.max_connections,
                 meter=self.observed.meter("deckard"),
                 follower=None if engine else (lambda: node.leader_facade_url("deckard")),

@@ -1,9 +1,9 @@
 """TLS for the listeners, built once at start from the typed configuration and passed down.
 
-Every listener that terminates TLS itself (iproto, the read-only port, the admin console and the
-HTTP front door) takes an :class:`ssl.SSLContext` made here; Deckard takes the PEM bytes, as
-grpcio's ``ssl_server_credentials`` wants them. A file that is not a certificate or a key stops
-the server at start with the file named (exit status 2, like any configuration problem).
+Every listener terminates TLS itself (iproto, the read-only port, the admin console, the HTTP
+front door, and Deckard's gRPC with ALPN ``h2``) with an :class:`ssl.SSLContext` made here. A
+file that is not a certificate or a key stops the server at start with the file named (exit
+status 2, like any configuration problem).
 
 With ``ca_file`` the server asks for a client certificate and refuses the handshake without one
 signed by that CA (Tarantool Enterprise's ``ssl_ca_file`` on a listener); Deckard's
@@ -15,17 +15,13 @@ TLS 1.2 stays allowed: the ``tarantool`` connector pins its SSL transport to TLS
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING
 
 from boxqueue.config import Config, ConfigError, DeckardTlsConfig, TlsConfig
 
-if TYPE_CHECKING:  # grpcio loads only when Deckard is served
-    from boxqueue.facades.deckard.auth import PemFiles
-
 
 def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
-    """A server-side context for ``tls``; ``alpn`` lists the protocols offered (HTTP: h2 is not
-    served by the front door, so ``http/1.1``)."""
+    """A server-side context for ``tls``; ``alpn`` lists the protocols offered (HTTP listeners:
+    ``http/1.1``; Deckard: ``h2``)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
@@ -48,19 +44,6 @@ def server_context(tls: TlsConfig, *, alpn: tuple[str, ...] = ()) -> ssl.SSLCont
     if alpn:
         context.set_alpn_protocols(list(alpn))
     return context
-
-
-def pem_files(tls: DeckardTlsConfig) -> PemFiles:
-    from boxqueue.facades.deckard.auth import PemFiles
-
-    server_context(tls)  # the same checks (and errors) as the other listeners
-    client_ca = tls.ca_file.read_bytes() if tls.ca_file is not None else None
-    return PemFiles(
-        key=tls.key_file.read_bytes(),
-        chain=tls.cert_file.read_bytes(),
-        client_ca=client_ca,
-        require_client_cert=client_ca is not None and tls.client_auth == "require",
-    )
 
 
 def check_all(config: Config) -> None:

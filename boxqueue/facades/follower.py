@@ -12,12 +12,11 @@ answered this way, reads too: the queues' state lives in the leader's engine.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import grpc
-
 from boxqueue.facades.asgi_serving import answer_lifespan
+from boxqueue.facades.grpc_connections import Call, GrpcError, Method, Status
 
 LEADER_HEADER = "x-boxqueue-leader"
 LEADER_METADATA = "boxqueue-leader"
@@ -54,23 +53,14 @@ def unavailable_app(leader_url: LeaderUrl, api: str) -> Any:
     return app
 
 
-class UnavailableService(grpc.GenericRpcHandler):
-    """Every method of ``service`` answers UNAVAILABLE, naming the leader."""
+def unavailable_methods(paths: Iterable[str], leader_url: LeaderUrl) -> dict[str, Method]:
+    """Every method in ``paths`` answers UNAVAILABLE, naming the leader."""
 
-    def __init__(self, service: str, leader_url: LeaderUrl) -> None:
-        self.prefix = f"/{service}/"
-        self.leader_url = leader_url
+    async def refuse(_request: bytes, call: Call) -> bytes:
+        leader = leader_url()
+        where = f"the leader is {leader}" if leader else "no leader is elected yet"
+        trailing = ((LEADER_METADATA, leader),) if leader else ()
+        raise GrpcError(Status.UNAVAILABLE, f"this node is a follower of its replica set: {where}", trailing)
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        if not details.method.startswith(self.prefix):
-            return None
-
-        def refuse(_request: bytes, context: grpc.ServicerContext) -> bytes:
-            leader = self.leader_url()
-            if leader:
-                context.set_trailing_metadata(((LEADER_METADATA, leader),))
-            where = f"the leader is {leader}" if leader else "no leader is elected yet"
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"this node is a follower of its replica set: {where}")
-            raise AssertionError("context.abort raises")  # grpc ships no types that say so
-
-        return grpc.unary_unary_rpc_method_handler(refuse)
+    method = Method(unary=refuse)
+    return dict.fromkeys(paths, method)

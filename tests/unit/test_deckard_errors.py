@@ -2,30 +2,50 @@
 
 from __future__ import annotations
 
-import grpc
+import pytest
 
 from boxqueue.errcodes import ER, BoxError
-from boxqueue.facades.deckard.errors import InvalidArgument, Undecodable, status_for, tolerant
+from boxqueue.facades.deckard.errors import InvalidArgument, answers_errors, status_for
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
-from boxqueue.facades.deckard.trio_bridge import BridgeClosed
+from boxqueue.facades.grpc_connections import GrpcError, Status
+from boxqueue.facades.grpc_services import parse
 from boxqueue.storage.environment import StorageError
 
 
 def test_statuses():
     assert status_for(InvalidArgument("invalid id: empty"), "error on message ACK") == (
-        grpc.StatusCode.INVALID_ARGUMENT, "invalid id: empty",
+        Status.INVALID_ARGUMENT, "invalid id: empty",
     )
     assert status_for(StorageError("map full"), "error adding messages") == (
-        grpc.StatusCode.INTERNAL, "error adding messages: map full",
+        Status.INTERNAL, "error adding messages: map full",
     )
     code, text = status_for(BoxError(ER.NO_SUCH_SPACE, "deckard_messages"), "error pulling messages")
-    assert code == grpc.StatusCode.INTERNAL and text.startswith("error pulling messages: ")
-    assert status_for(BridgeClosed("the server is shutting down"), "x")[0] == grpc.StatusCode.UNAVAILABLE
+    assert code == Status.INTERNAL and text.startswith("error pulling messages: ")
+    assert status_for(GrpcError(Status.UNAVAILABLE, "later"), "x") == (Status.UNAVAILABLE, "later")
 
 
-def test_tolerant_decoding():
-    decode = tolerant(pb.AddRequest.FromString, "blipai.deckard.AddRequest")
+async def test_a_failing_method_ends_with_its_status():
+    class Service:
+        @answers_errors("error adding messages")
+        async def Add(self, request):
+            raise StorageError(f"map full for {request}")
+
+        @answers_errors("error on message ACK")
+        async def Ack(self, request):
+            raise InvalidArgument("invalid id: empty")
+
+    with pytest.raises(GrpcError) as err:
+        await Service().Add("r")
+    assert (err.value.status, err.value.message) == (Status.INTERNAL, "error adding messages: map full for r")
+    with pytest.raises(GrpcError) as err:
+        await Service().Ack("r")
+    assert (err.value.status, err.value.message) == (Status.INVALID_ARGUMENT, "invalid id: empty")
+
+
+def test_undecodable_bytes_are_internal_with_the_cause():
     good = pb.AddRequest(messages=[pb.AddMessage(id="a", queue="q")])
-    assert decode(good.SerializeToString()) == good
-    bad = decode(b"\x0a\xff\xff\xff\xff\x0f")
-    assert isinstance(bad, Undecodable) and bad.text.startswith("cannot decode the request as blipai.deckard.AddRequest: ")
+    assert parse(pb.AddRequest, good.SerializeToString()) == good
+    with pytest.raises(GrpcError) as err:
+        parse(pb.AddRequest, b"\x0a\xff\xff\xff\xff\x0f")
+    assert err.value.status == Status.INTERNAL
+    assert err.value.message.startswith("cannot decode the request as blipai.deckard.AddRequest: ")

@@ -4,23 +4,22 @@
   score that is not a number, is ``INVALID_ARGUMENT`` with a text saying what is wrong.
 * A fault below the facade (storage, engine) is ``INTERNAL`` with Deckard's text for the method
   ("error adding messages", ...) followed by the cause.
-* A call arriving while the server shuts down is ``UNAVAILABLE``, so clients retry elsewhere.
+* Request bytes that are not the method's message are ``INTERNAL`` with the cause, as Deckard's
+  Go server answers (:func:`boxqueue.facades.grpc_services.parse`).
 * "Not found" is never an error: the handlers answer ``found=false`` / ``success=false``.
 
 Oversized messages (``RESOURCE_EXHAUSTED``) and unknown methods (``UNIMPLEMENTED``) are answered
-by grpcio itself before a handler runs.
+by the gRPC server (:mod:`boxqueue.facades.grpc_connections`) before a handler runs.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
-
-from boxqueue.facades.deckard.trio_bridge import BridgeClosed
+from boxqueue.facades.grpc_connections import GrpcError, Status
 
 log = logging.getLogger(__name__)
 
@@ -31,52 +30,30 @@ class InvalidArgument(ValueError):
     """A request field Deckard's clients must set correctly; ``str()`` is the status text."""
 
 
-class Undecodable:
-    """What the request deserializer hands over for bytes that are not the method's message:
-    the handler answers INTERNAL with the cause, as Deckard's Go server does, instead of grpcio's
-    bare UNKNOWN."""
-
-    def __init__(self, type_name: str, error: Exception) -> None:
-        self.text = f"cannot decode the request as {type_name}: {error}"
-
-
-def tolerant(parse: Callable[[bytes], Any], type_name: str) -> Callable[[bytes], Any]:
-    """A request deserializer that returns :class:`Undecodable` instead of raising."""
-
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except Exception as exc:  # DecodeError, and whatever else a parser may raise
-            return Undecodable(type_name, exc)
-
-    return deserialize
-
-
-def status_for(exc: Exception, failure: str) -> tuple[grpc.StatusCode, str]:
+def status_for(exc: Exception, failure: str) -> tuple[Status, str]:
     """The status code and text a handler failing with ``exc`` answers."""
+    if isinstance(exc, GrpcError):
+        return exc.status, exc.message
     if isinstance(exc, InvalidArgument):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-    if isinstance(exc, BridgeClosed):
-        return grpc.StatusCode.UNAVAILABLE, str(exc)
-    return grpc.StatusCode.INTERNAL, f"{failure}: {exc}"
+        return Status.INVALID_ARGUMENT, str(exc)
+    return Status.INTERNAL, f"{failure}: {exc}"
 
 
-def answers_errors(failure: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """Wrap a servicer method so every exception becomes its gRPC status."""
+def answers_errors(failure: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
+    """Wrap a servicer method so every exception becomes its gRPC status (a :class:`GrpcError`)."""
 
-    def wrap(method: Callable[..., R]) -> Callable[..., R]:
+    def wrap(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(method)
-        def handler(self: Any, request: Any, context: grpc.ServicerContext) -> R:
-            if isinstance(request, Undecodable):
-                context.abort(grpc.StatusCode.INTERNAL, request.text)  # raises
+        async def handler(self: Any, request: Any) -> R:
             try:
-                return method(self, request, context)
+                return await method(self, request)
+            except GrpcError:
+                raise
             except Exception as exc:
                 code, text = status_for(exc, failure)
-                if code == grpc.StatusCode.INTERNAL:
+                if code == Status.INTERNAL:
                     log.error("Deckard %s failed", method.__name__, exc_info=exc)
-                context.abort(code, text)
-                raise  # abort raises; this line is never reached
+                raise GrpcError(code, text) from exc
 
         return handler
 

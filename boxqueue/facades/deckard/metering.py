@@ -1,66 +1,46 @@
-"""Counts Deckard's calls for the metrics: a grpcio server interceptor.
+"""Counts Deckard's calls for the metrics.
 
-Every unary call (Deckard's ten methods and the health checks) is recorded once it returns or
-fails: its method name, its status (anything but OK is an error, counted by the status name) and
-its time. Streaming calls (server reflection) pass through uncounted.
+Every unary call (Deckard's ten methods and the health checks) that reaches the server's checks
+is recorded once it returns or fails: its method name, its status (anything but OK is an error,
+counted by the status name) and its time; a call refused for its token is counted too. Streaming
+calls (server reflection, health watches) pass uncounted, and so do calls the server refuses
+before any method is chosen (an unknown method, an oversized message).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
 
-import grpc
-
+from boxqueue.facades.grpc_connections import Call, GrpcError, Status
 from boxqueue.measures import RequestMeter
 
 
-class MeteringInterceptor(grpc.ServerInterceptor):
-    def __init__(self, meter: RequestMeter) -> None:
+class CallMeter:
+    """The gRPC server's ``guard`` and ``finished`` for the metered methods (paths)."""
+
+    def __init__(self, meter: RequestMeter | None, metered: Collection[str],
+                 check: Callable[[Call], None] | None = None) -> None:
         self.meter = meter
+        self.metered = frozenset(metered)
+        self.check = check
 
-    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]
-        inner = handler.unary_unary
-        meter = self.meter
-
-        def metered(request: Any, context: grpc.ServicerContext) -> Any:
-            started = meter.begin()
-            failed: BaseException | None = None
+    def begin(self, call: Call) -> object:
+        """Runs before the call's handler: starts its clock, checks it may run."""
+        started = self.meter.begin() if self.meter is not None and call.method in self.metered else None
+        if self.check is not None:
             try:
-                return inner(request, context)
-            except BaseException as exc:
-                failed = exc
+                self.check(call)
+            except GrpcError as exc:
+                if started is not None:
+                    self.finished(call, started, exc.status, exc.message)
                 raise
-            finally:
-                code = _status(context)
-                if code is None and failed is not None:
-                    code = grpc.StatusCode.UNKNOWN
-                if code is None or code == grpc.StatusCode.OK:
-                    meter.record(method, started)
-                else:
-                    details = _details(context) or (str(failed) if failed is not None else "")
-                    meter.record(method, started, code.name, details)
+        return started
 
-        return handler._replace(unary_unary=metered)
-
-
-def _status(context: Any) -> grpc.StatusCode | None:
-    try:
-        code = context.code()
-    except Exception:  # older grpcio: no code() on the servicer context
-        return None
-    return code
-
-
-def _details(context: Any) -> str:
-    try:
-        details = context.details()
-    except Exception:
-        return ""
-    if isinstance(details, bytes):
-        return details.decode("utf-8", "replace")
-    return details or ""
+    def finished(self, call: Call, started: object, status: Status, text: str) -> None:
+        if not isinstance(started, float) or self.meter is None:
+            return
+        method = call.method.rsplit("/", 1)[-1]
+        if status == Status.OK:
+            self.meter.record(method, started)
+        else:
+            self.meter.record(method, started, status.name, text)

@@ -1,23 +1,26 @@
 """The ten Deckard methods: requests to engine calls on the Deckard space, answers back (spec
 section 2, K1-K13). A queue is a tube of that space; the facade only translates.
 
-Handlers run on grpcio's pool threads. Everything that touches the engine goes through
-:class:`facades.deckard.trio_bridge.TrioBridge`, which runs it on trio and waits for its answer;
-request checks and message building stay on the pool thread.
+Handlers run on trio, in the task the gRPC server (:mod:`boxqueue.facades.grpc_connections`)
+gives each call. An engine call's answer is waited for whatever happens to the call: its
+:class:`spaces.later.Later` cannot be cancelled, and a coroutine (Add's upsert, Flush) runs
+shielded, so a call its client gives up on (a deadline, a reset, the server stopping) still
+leaves each write whole; only its answer is dropped.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
-import grpc
+import trio
 
 from boxqueue.facades.deckard import translate
-from boxqueue.facades.deckard.errors import answers_errors, tolerant
+from boxqueue.facades.deckard.errors import answers_errors
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
-from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
-from boxqueue.facades.deckard.trio_bridge import TrioBridge
+from boxqueue.facades.grpc_connections import Call, Method
+from boxqueue.facades.grpc_services import parse
 from boxqueue.tubes.engine import QueueEngine
 from boxqueue.tubes.kinds import DECKARD
 from boxqueue.tubes.task import TAKEN
@@ -29,23 +32,31 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class DeckardService(pb_grpc.DeckardServicer):
+async def settled(result: Any) -> Any:
+    """An engine call's answer: a Later waited for, a coroutine run to its end (shielded),
+    anything else as it is."""
+    if hasattr(result, "then"):
+        return await result
+    if inspect.isawaitable(result):
+        with trio.CancelScope(shield=True):
+            return await result
+    return result
+
+
+class DeckardService:
     """``blipai.deckard.Deckard`` over the tubes of one space."""
 
-    def __init__(
-        self, engine: QueueEngine, space_id: int, bridge: TrioBridge, *, default_ttl_minutes: int, allow_flush: bool
-    ) -> None:
+    def __init__(self, engine: QueueEngine, space_id: int, *, default_ttl_minutes: int, allow_flush: bool) -> None:
         self.engine = engine
         self.space_id = space_id
-        self.bridge = bridge
         self.default_ttl_minutes = default_ttl_minutes
         self.allow_flush = allow_flush
 
-    def _engine(self, fn: Any, *args: Any) -> Any:
-        return self.bridge.call(fn, *args)
+    async def _engine(self, fn: Any, *args: Any) -> Any:
+        return await settled(fn(*args))
 
     @answers_errors("error adding messages")
-    def Add(self, request: pb.AddRequest, context: grpc.ServicerContext) -> pb.AddResponse:
+    async def Add(self, request: pb.AddRequest) -> pb.AddResponse:
         items = translate.new_messages(request, now_ms(), self.default_ttl_minutes)
         if not items:
             return pb.AddResponse()
@@ -58,17 +69,17 @@ class DeckardService(pb_grpc.DeckardServicer):
                 for m in items
             ], kind=self.engine.kind_named(DECKARD))
 
-        created, updated = self._engine(add)
+        created, updated = await self._engine(add)
         return pb.AddResponse(created_count=created, updated_count=updated)
 
     @answers_errors("error pulling messages")
-    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+    async def Pull(self, request: pb.PullRequest) -> pb.PullResponse:
         amount, low, high, deadline = translate.pull_bounds(request, now_ms())
 
         def pull() -> Any:
             return self.engine.take_many(self.space_id, request.queue, amount, deadline * 1000, low, high)
 
-        pulled = self._engine(pull)
+        pulled = await self._engine(pull)
         messages = [translate.to_message(task, raw) for task, raw in pulled]
         fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
         if fits < len(messages):
@@ -77,10 +88,10 @@ class DeckardService(pb_grpc.DeckardServicer):
             def untake() -> Any:
                 return self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
 
-            self._engine(untake)
+            await self._engine(untake)
         return pb.PullResponse(messages=messages[:fits])
 
-    def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
+    async def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
         translate.require(request.id, "id")
         translate.require(request.queue, "queue")
         score = translate.given_score(request.score)
@@ -115,7 +126,7 @@ class DeckardService(pb_grpc.DeckardServicer):
                 settling = self.engine.settle(self.space_id, request.queue, request.id, pri=pri, attrs=diagnostics)
             return settling.map(lambda success: (success, None))
 
-        success, removed = self._engine(settle)
+        success, removed = await self._engine(settle)
         if removed is None:
             return pb.AckResponse(success=success)
         return pb.AckResponse(
@@ -123,36 +134,36 @@ class DeckardService(pb_grpc.DeckardServicer):
         )
 
     @answers_errors("error on message ACK")
-    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
-        return self._settle(request, nack=False)
+    async def Ack(self, request: pb.AckRequest) -> pb.AckResponse:
+        return await self._settle(request, nack=False)
 
     @answers_errors("error on message NACK")
-    def Nack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
-        return self._settle(request, nack=True)
+    async def Nack(self, request: pb.AckRequest) -> pb.AckResponse:
+        return await self._settle(request, nack=True)
 
     @answers_errors("error count messages")
-    def Count(self, request: pb.CountRequest, context: grpc.ServicerContext) -> pb.CountResponse:
+    async def Count(self, request: pb.CountRequest) -> pb.CountResponse:
         def count() -> int:
             if not request.queue:  # K12: "" counts every queue
                 return sum(len(t.tasks) for t in self.engine.tubes_of(self.space_id))
             tube = self.engine.existing_tube(self.space_id, request.queue)
             return 0 if tube is None else len(tube.tasks)
 
-        return pb.CountResponse(count=self._engine(count))
+        return pb.CountResponse(count=await self._engine(count))
 
     @answers_errors("error removing messages from pool")
-    def Remove(self, request: pb.RemoveRequest, context: grpc.ServicerContext) -> pb.RemoveResponse:
+    async def Remove(self, request: pb.RemoveRequest) -> pb.RemoveResponse:
         if not request.ids:
             return pb.RemoveResponse()
 
         def remove() -> Any:
             return self.engine.remove(self.space_id, request.queue, list(request.ids)).map(len)
 
-        removed = self._engine(remove)
+        removed = await self._engine(remove)
         return pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
 
     @answers_errors("error to flush deckard")
-    def Flush(self, request: pb.FlushRequest, context: grpc.ServicerContext) -> pb.FlushResponse:
+    async def Flush(self, request: pb.FlushRequest) -> pb.FlushResponse:
         if not self.allow_flush:  # K9
             return pb.FlushResponse(success=False)
 
@@ -160,11 +171,11 @@ class DeckardService(pb_grpc.DeckardServicer):
             for tube in self.engine.tubes_of(self.space_id):
                 await self.engine.drop_tube(self.space_id, tube.name)
 
-        self._engine(flush)
+        await self._engine(flush)
         return pb.FlushResponse(success=True)
 
     @answers_errors("error getting message")
-    def GetById(self, request: pb.GetByIdRequest, context: grpc.ServicerContext) -> pb.GetByIdResponse:
+    async def GetById(self, request: pb.GetByIdRequest) -> pb.GetByIdResponse:
         translate.require(request.id, "id")
         translate.require(request.queue, "queue")
 
@@ -175,7 +186,7 @@ class DeckardService(pb_grpc.DeckardServicer):
             raw = self.engine.stored(self.engine.queue_space(self.space_id), task)
             return None if raw is None else (task.copy(), raw)
 
-        found = self._engine(get)
+        found = await self._engine(get)
         if found is None:
             return pb.GetByIdResponse(found=False)
         message = translate.to_message(*found)
@@ -184,7 +195,7 @@ class DeckardService(pb_grpc.DeckardServicer):
         )
 
     @answers_errors("error editing queue")
-    def EditQueue(self, request: pb.EditQueueRequest, context: grpc.ServicerContext) -> pb.EditQueueResponse:
+    async def EditQueue(self, request: pb.EditQueueRequest) -> pb.EditQueueResponse:
         if not request.HasField("configuration"):
             return pb.EditQueueResponse(queue=request.queue, success=False)
         max_elements = request.configuration.max_elements
@@ -193,33 +204,35 @@ class DeckardService(pb_grpc.DeckardServicer):
             def edit() -> Any:
                 return self.engine.set_limit(self.space_id, request.queue, max(max_elements, 0))
 
-            self._engine(edit)
+            await self._engine(edit)
         return pb.EditQueueResponse(queue=request.queue, success=True)
 
     @answers_errors("error getting queue configuration")
-    def GetQueue(self, request: pb.GetQueueRequest, context: grpc.ServicerContext) -> pb.GetQueueResponse:
+    async def GetQueue(self, request: pb.GetQueueRequest) -> pb.GetQueueResponse:
         def limit() -> int:
             tube = self.engine.existing_tube(self.space_id, request.queue)
             return 0 if tube is None else tube.limit
 
-        max_elements = self._engine(limit)
+        max_elements = await self._engine(limit)
         return pb.GetQueueResponse(
             queue=request.queue, configuration=pb.QueueConfiguration(max_elements=max_elements)
         )
 
 
-def deckard_handlers(service: DeckardService) -> grpc.GenericRpcHandler:
-    """The ten methods as gRPC handlers, built from the proto's service descriptor like the
-    generated ``add_DeckardServicer_to_server``, but with request decoding failures answered by
-    the handler (see :class:`facades.deckard.errors.Undecodable`)."""
+def deckard_methods(service: DeckardService) -> dict[str, Method]:
+    """The ten methods as the gRPC server's handlers (by path), from the proto's service
+    descriptor: each parses its request, runs the service's method, serializes the answer."""
     descriptor = pb.DESCRIPTOR.services_by_name["Deckard"]
-    handlers = {}
+    methods = {}
     for method in descriptor.methods:
-        request_type = getattr(pb, method.input_type.name)
-        response_type = getattr(pb, method.output_type.name)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(service, method.name),
-            request_deserializer=tolerant(request_type.FromString, method.input_type.full_name),
-            response_serializer=response_type.SerializeToString,
-        )
-    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+        methods[f"/{descriptor.full_name}/{method.name}"] = Method(
+            unary=_unary(getattr(service, method.name), getattr(pb, method.input_type.name)))
+    return methods
+
+
+def _unary(serve: Any, request_type: Any) -> Any:
+    async def handle(data: bytes, call: Call) -> bytes:
+        answer = await serve(parse(request_type, data))
+        return answer.SerializeToString()
+
+    return handle

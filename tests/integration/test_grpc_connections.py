@@ -1,0 +1,295 @@
+"""The front door's own gRPC server (``boxqueue.facades.grpc_connections``), in process: a
+:class:`GrpcServer` on a free loopback port with a few small methods, called by grpcio's client
+(from a worker thread, as grpcio's blocking client wants) while the server runs on trio."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+import trio
+
+from boxqueue.facades.grpc_connections import (
+    Call,
+    GrpcError,
+    GrpcServer,
+    Limits,
+    Method,
+    Status,
+    grpc_message,
+)
+
+LIMIT = 64 * 1024
+
+
+class Methods:
+    """``/t.T/Echo`` echoes; ``/t.T/Held`` waits until released (or cancelled); ``/t.T/Fail``
+    raises; ``/t.T/Refuse`` ends with a status, a text and trailing metadata; ``/t.T/Big`` answers
+    ``n`` bytes (its request is ``n`` as text); ``/t.T/Chat`` echoes each message of a stream."""
+
+    def __init__(self) -> None:
+        self.entered = trio.Event()
+        self.release = trio.Event()
+        self.cancelled = trio.Event()
+        self.metadata: list[tuple[str, str]] = []
+        self.finished: list[tuple[str, Status]] = []
+
+    def table(self) -> dict[str, Method]:
+        return {
+            "/t.T/Echo": Method(unary=self.echo),
+            "/t.T/Held": Method(unary=self.held),
+            "/t.T/Fail": Method(unary=self.fail),
+            "/t.T/Refuse": Method(unary=self.refuse),
+            "/t.T/Big": Method(unary=self.big),
+            "/t.T/Chat": Method(stream=self.chat),
+        }
+
+    async def echo(self, data: bytes, call: Call) -> bytes:
+        self.metadata += call.metadata
+        return data
+
+    async def held(self, data: bytes, call: Call) -> bytes:
+        self.entered.set()
+        try:
+            await self.release.wait()
+        except trio.Cancelled:
+            self.cancelled.set()
+            raise
+        return b"released"
+
+    async def fail(self, data: bytes, call: Call) -> bytes:
+        raise RuntimeError("the handler failed")
+
+    async def refuse(self, data: bytes, call: Call) -> bytes:
+        raise GrpcError(Status.FAILED_PRECONDITION, "nein: 100% ünicode\n", (("x-where", "here"),))
+
+    async def big(self, data: bytes, call: Call) -> bytes:
+        return b"b" * int(data)
+
+    async def chat(self, requests, send, call: Call) -> None:
+        async for message in requests:
+            await send(b"re:" + message)
+
+    def done(self, call: Call, begun: object, status: Status, text: str) -> None:
+        self.finished.append((call.method, status))
+
+
+async def serving(nursery: trio.Nursery, methods: Methods, **limits) -> tuple[GrpcServer, int]:
+    server = GrpcServer(methods.table(), limits=Limits(max_message_bytes=LIMIT, **limits),
+                        finished=methods.done, name="test gRPC")
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    return server, port
+
+
+def channel(port: int) -> grpc.Channel:
+    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def blocking(fn):
+    return trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
+async def test_unary_calls_metadata_statuses_and_texts(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods)
+
+    def calls() -> dict:
+        out = {}
+        with channel(port) as ch:
+            out["echo"] = ch.unary_unary("/t.T/Echo")(b"hello", metadata=[("x-id", "7")], timeout=30)
+            out["empty"] = ch.unary_unary("/t.T/Echo")(b"", timeout=30)
+            for name in ("Fail", "Refuse", "Nope"):
+                try:
+                    ch.unary_unary(f"/t.T/{name}")(b"x", timeout=30)
+                except grpc.RpcError as exc:
+                    out[name] = (exc.code(), exc.details(), dict(exc.trailing_metadata() or ()))
+        return out
+
+    out = await blocking(calls)
+    assert out["echo"] == b"hello" and out["empty"] == b""
+    assert ("x-id", "7") in methods.metadata
+    code, text, _ = out["Fail"]
+    assert code == grpc.StatusCode.UNKNOWN and "the handler failed" in text
+    assert out["Refuse"] == (grpc.StatusCode.FAILED_PRECONDITION, "nein: 100% ünicode\n", {"x-where": "here"})
+    assert out["Nope"][0] == grpc.StatusCode.UNIMPLEMENTED
+    assert ("/t.T/Fail", Status.UNKNOWN) in methods.finished and ("/t.T/Echo", Status.OK) in methods.finished
+
+
+def test_grpc_message_is_percent_encoded():
+    assert grpc_message("ok: a/b") == b"ok: a/b"
+    assert grpc_message("50%\n\u00e9") == b"50%25%0A%C3%A9"
+
+
+async def test_a_deadline_cancels_the_handler_and_answers_deadline_exceeded(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods)
+
+    def call() -> grpc.StatusCode:
+        with channel(port) as ch:
+            try:
+                ch.unary_unary("/t.T/Held")(b"", timeout=0.5)
+            except grpc.RpcError as exc:
+                return exc.code()
+        return grpc.StatusCode.OK
+
+    assert await blocking(call) == grpc.StatusCode.DEADLINE_EXCEEDED
+    with trio.fail_after(10):
+        await methods.cancelled.wait()  # the server's own deadline, from grpc-timeout
+
+
+async def test_a_client_that_cancels_cancels_the_handler(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods)
+    ch = channel(port)
+    try:
+        future = await blocking(lambda: ch.unary_unary("/t.T/Held").future(b""))
+        with trio.fail_after(10):
+            await methods.entered.wait()
+        future.cancel()
+        with trio.fail_after(10):
+            await methods.cancelled.wait()
+        assert await blocking(lambda: ch.unary_unary("/t.T/Echo")(b"still", timeout=30)) == b"still"
+    finally:
+        ch.close()
+
+
+async def test_limits_answers_beyond_the_windows_and_compressed_requests(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods)
+
+    def calls() -> dict:
+        out = {}
+        with channel(port) as ch:
+            echo = ch.unary_unary("/t.T/Echo")
+            try:
+                echo(b"x" * (LIMIT + 1), timeout=30)
+            except grpc.RpcError as exc:
+                out["over"] = (exc.code(), exc.details())
+            out["at"] = len(echo(b"y" * LIMIT, timeout=30))
+            out["gzip"] = echo(b"z" * 5000, timeout=30, compression=grpc.Compression.Gzip)
+            try:
+                ch.unary_unary("/t.T/Big")(str(LIMIT + 1).encode(), timeout=30)
+            except grpc.RpcError as exc:
+                out["answer over"] = exc.code()
+            try:
+                echo(b"m", metadata=[("x-big", "v" * 9000)], timeout=30)
+            except grpc.RpcError as exc:
+                out["metadata"] = exc.code()
+        # An answer larger than the client's first windows (64 KiB) waits for its updates.
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1),
+                                                                  ("grpc.http2.bdp_probe", 0)]) as ch:
+            out["windowed"] = len(ch.unary_unary("/t.T/Big")(str(LIMIT).encode(), timeout=30))
+        return out
+
+    out = await blocking(calls)
+    assert out["over"] == (grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max ({LIMIT + 1} vs. {LIMIT})")
+    assert out["at"] == LIMIT
+    assert out["gzip"] == b"z" * 5000
+    assert out["answer over"] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert out["metadata"] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert out["windowed"] == LIMIT
+
+
+async def test_a_large_answer_is_sent_within_the_clients_windows(nursery):
+    """3 MiB out, where the client's windows start at 64 KiB (BDP probing off): the answer goes out
+    as the client's window updates come."""
+    methods = Methods()
+    server = GrpcServer(methods.table(), limits=Limits(max_message_bytes=4 << 20), name="big")
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    size = 3 * 1024 * 1024
+
+    def call() -> bytes:
+        options = [("grpc.use_local_subchannel_pool", 1), ("grpc.http2.bdp_probe", 0),
+                   ("grpc.max_receive_message_length", 8 << 20)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as ch:
+            return ch.unary_unary("/t.T/Big")(str(size).encode(), timeout=30)
+
+    assert await blocking(call) == b"b" * size
+
+
+async def test_a_bidirectional_stream_is_answered_message_by_message(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods)
+
+    def chat() -> list[bytes]:
+        answers: list[bytes] = []
+        with channel(port) as ch:
+            to_send: list[bytes] = []
+            ready = threading.Event()
+
+            def requests():
+                for word in (b"a", b"b", b"c"):
+                    yield word
+                    # the next message only once the previous answer came back
+                    assert ready.wait(10)
+                    ready.clear()
+                    to_send.append(word)
+
+            for answer in ch.stream_stream("/t.T/Chat")(requests(), timeout=30):
+                answers.append(answer)
+                ready.set()
+        return answers
+
+    assert await blocking(chat) == [b"re:a", b"re:b", b"re:c"]
+
+
+async def test_stopping_lets_calls_in_progress_finish_and_refuses_new_ones(nursery):
+    methods = Methods()
+    server, port = await serving(nursery, methods)
+    ch = channel(port)
+    try:
+        future = await blocking(lambda: ch.unary_unary("/t.T/Held").future(b"", timeout=30))
+        with trio.fail_after(10):
+            await methods.entered.wait()
+        stopped = trio.Event()
+
+        async def stop() -> None:
+            await server.stop(grace=30)
+            stopped.set()
+
+        nursery.start_soon(stop)
+        await trio.sleep(0.2)
+        assert not stopped.is_set()  # the call in progress holds it
+        methods.release.set()
+        assert await blocking(lambda: future.result(timeout=30)) == b"released"
+        with trio.fail_after(10):
+            await stopped.wait()
+        with pytest.raises(grpc.RpcError):
+            await blocking(lambda: ch.unary_unary("/t.T/Echo")(b"late", timeout=2))
+    finally:
+        ch.close()
+
+
+async def test_the_concurrent_call_limit(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods, max_calls=1)
+    ch = channel(port)
+    try:
+        future = await blocking(lambda: ch.unary_unary("/t.T/Held").future(b"", timeout=30))
+        with trio.fail_after(10):
+            await methods.entered.wait()
+        with pytest.raises(grpc.RpcError) as err:
+            await blocking(lambda: ch.unary_unary("/t.T/Echo")(b"one too many", timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        methods.release.set()
+        assert await blocking(lambda: future.result(timeout=30)) == b"released"
+        assert await blocking(lambda: ch.unary_unary("/t.T/Echo")(b"now", timeout=30)) == b"now"
+    finally:
+        ch.close()
+
+
+async def test_garbage_and_silent_clients_are_closed_and_others_served(nursery):
+    methods = Methods()
+    _, port = await serving(nursery, methods, preface_timeout_s=0.5)
+    silent = await trio.open_tcp_stream("127.0.0.1", port)
+    garbage = await trio.open_tcp_stream("127.0.0.1", port)
+    await garbage.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    started = time.monotonic()
+    with trio.fail_after(10):
+        for stream in (garbage, silent):
+            while await stream.receive_some(65536):
+                pass  # whatever the server says (its settings, a GOAWAY), until it closes
+    assert time.monotonic() - started < 9
+    assert await blocking(lambda: channel(port).unary_unary("/t.T/Echo")(b"fine", timeout=30)) == b"fine"

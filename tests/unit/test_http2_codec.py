@@ -1,0 +1,188 @@
+"""The HTTP/2 server codec, without sockets: frames in, events and frames out. The client side is
+played by the ``h2`` library (a real HTTP/2 implementation) where it can make the frames, and by
+hand for the frames a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import h2.config
+import h2.connection
+import h2.events
+import hpack
+import pytest
+
+from boxqueue.facades.http2_codec import (
+    DATA,
+    F_CONTINUATION,
+    F_DATA,
+    F_HEADERS,
+    F_PING,
+    F_PUSH_PROMISE,
+    GOAWAY,
+    HEAD_BLOCK,
+    PREFACE,
+    REQUEST,
+    RESET,
+    WINDOW,
+    Http2Error,
+    ServerCodec,
+    frame,
+    literal,
+)
+
+HEAD = [(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Echo"), (":authority", "x"),
+        ("content-type", "application/grpc"), ("te", "trailers")]
+
+
+class Pair:
+    """A codec and an h2 client connected to it in memory."""
+
+    def __init__(self, **kwargs) -> None:
+        self.server = ServerCodec(**kwargs)
+        self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.client.initiate_connection()
+        self.events = self.to_server()
+        self.to_client()
+
+    def to_server(self) -> list:
+        return self.server.receive(self.client.data_to_send())
+
+    def to_client(self) -> list:
+        return self.client.receive_data(self.server.data_to_send())
+
+
+def test_a_unary_call_both_ways():
+    p = Pair()
+    sid = p.client.get_next_available_stream_id()
+    p.client.send_headers(sid, HEAD)
+    p.client.send_data(sid, b"\x00\x00\x00\x00\x02hi", end_stream=True)
+    events = p.to_server()
+    assert events[0][:2] == (REQUEST, sid) and (b":path", b"/t.T/Echo") in events[0][2] and events[0][3] is False
+    assert events[1] == (DATA, sid, b"\x00\x00\x00\x00\x02hi", True)
+    p.server.send_head(sid)
+    p.server.send_data(sid, b"\x00\x00\x00\x00\x02ho")
+    p.server.send_head(sid, literal(b"grpc-status", b"0") + literal(b"grpc-message", b"fine"), end=True)
+    got = p.to_client()
+    kinds = [type(e) for e in got]
+    assert h2.events.ResponseReceived in kinds and h2.events.TrailersReceived in kinds and h2.events.StreamEnded in kinds
+    response = next(e for e in got if isinstance(e, h2.events.ResponseReceived))
+    assert dict(response.headers) == {":status": "200", "content-type": "application/grpc"}
+    trailers = next(e for e in got if isinstance(e, h2.events.TrailersReceived))
+    assert dict(trailers.headers) == {"grpc-status": "0", "grpc-message": "fine"}
+    assert next(e for e in got if isinstance(e, h2.events.DataReceived)).data == b"\x00\x00\x00\x00\x02ho"
+    assert sid not in p.server.streams  # closed both ways
+
+
+def test_heads_keep_the_clients_dynamic_table_in_step():
+    """The client indexes its headers: the second and third heads refer to the first's entries."""
+    p = Pair()
+    for n in range(3):
+        sid = p.client.get_next_available_stream_id()
+        p.client.send_headers(sid, [*HEAD, ("x-request", f"r{n}"), ("authorization", "Bearer t")], end_stream=True)
+        (event,) = p.to_server()
+        assert (b"x-request", f"r{n}".encode()) in event[2] and (b"authorization", b"Bearer t") in event[2]
+
+
+def test_ping_settings_and_windows():
+    p = Pair()
+    p.client.ping(b"12345678")
+    p.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})
+    events = p.to_server()
+    assert (WINDOW, 0) in events
+    got = p.to_client()
+    assert any(isinstance(e, h2.events.PingAckReceived) and e.ping_data == b"12345678" for e in got)
+    assert any(isinstance(e, h2.events.SettingsAcknowledged) for e in got)
+    sid = p.client.get_next_available_stream_id()
+    p.client.send_headers(sid, HEAD, end_stream=True)
+    p.to_server()
+    assert p.server.window(sid) == 100
+    p.server.send_data(sid, b"x" * 100)
+    assert p.server.window(sid) == 0
+    p.client.increment_flow_control_window(50, stream_id=sid)
+    assert (WINDOW, 0) in p.to_server()
+    assert p.server.window(sid) == 50
+
+
+def test_what_the_client_sends_is_acknowledged():
+    p = Pair(stream_window=1000, connection_window=100_000)
+    sid = p.client.get_next_available_stream_id()
+    p.client.send_headers(sid, HEAD)
+    p.to_server()
+    p.to_client()
+    for _ in range(3):
+        p.client.send_data(sid, b"y" * 400)
+        p.to_server()
+        p.to_client()
+    # 1,200 bytes were sent on a window of 1,000: the codec's updates opened it again.
+    assert p.client.local_flow_control_window(sid) >= 1000 - 400
+
+
+def test_a_head_over_continuation_frames_and_padding():
+    server = ServerCodec()
+    server.receive(PREFACE + frame(4, 0, 0))
+    block = hpack.Encoder().encode([(b":path", b"/t.T/Echo"), (b"content-type", b"application/grpc"),
+                                    (b"x-long", b"v" * 3000)])
+    events = server.receive(frame(F_HEADERS, 0x8, 1, bytes([4]) + block[:1000] + b"\x00" * 4)
+                            + frame(F_CONTINUATION, 0, 1, block[1000:2000])
+                            + frame(F_CONTINUATION, 0x4, 1, block[2000:]))
+    assert events[0][0] == REQUEST and (b"x-long", b"v" * 3000) in events[0][2]
+    events = server.receive(frame(F_DATA, 0x8 | 0x1, 1, bytes([3]) + b"abc" + b"\x00" * 3))
+    assert events == [(DATA, 1, b"abc", True)]
+
+
+def test_frames_split_anywhere_are_put_back_together():
+    p = Pair()
+    sid = p.client.get_next_available_stream_id()
+    p.client.send_headers(sid, HEAD)
+    p.client.send_data(sid, b"z" * 5000, end_stream=True)
+    data = p.client.data_to_send()
+    events = []
+    for i in range(0, len(data), 7):
+        events += p.server.receive(data[i:i + 7])
+    assert events[0][0] == REQUEST
+    assert b"".join(e[2] for e in events if e[0] == DATA) == b"z" * 5000
+
+
+def test_too_many_streams_are_refused_and_resets_reported():
+    server = ServerCodec(max_streams=2)
+    server.receive(PREFACE + frame(4, 0, 0))
+    encoder = hpack.Encoder()
+    heads = b"".join(frame(F_HEADERS, 0x4, sid, encoder.encode([(b":path", b"/t.T/Echo")])) for sid in (1, 3, 5))
+    events = server.receive(heads)
+    assert [e[1] for e in events if e[0] == REQUEST] == [1, 3]
+    assert frame(3, 0, 5, (7).to_bytes(4, "big")) in server.data_to_send()  # RST_STREAM REFUSED_STREAM
+    assert server.receive(frame(3, 0, 1, (8).to_bytes(4, "big"))) == [(RESET, 1)]
+    assert server.receive(frame(7, 0, 0, (3).to_bytes(4, "big") + (0).to_bytes(4, "big")))[0] == (GOAWAY, 3)
+
+
+@pytest.mark.parametrize("bad", [
+    b"GET / HTTP/1.1\r\n\r\n" + b"x" * 10,  # not HTTP/2
+    PREFACE + frame(F_PUSH_PROMISE, 0x4, 1, b"\x00\x00\x00\x02"),
+    PREFACE + frame(F_PING, 0, 1, b"12345678"),  # PING on a stream
+    PREFACE + frame(F_PING, 0, 0, b"1234"),  # the wrong size
+    PREFACE + (20000).to_bytes(3, "big") + b"\x00\x00\x00\x00\x00\x01",  # over the frame size
+    PREFACE + frame(F_HEADERS, 0x4, 2, HEAD_BLOCK),  # an even stream id
+    PREFACE + frame(F_HEADERS, 0x4, 1, b"\xff\xff\xff\xff"),  # not HPACK
+    PREFACE + frame(F_DATA, 0, 9, b"x"),  # DATA on an idle stream
+    PREFACE + frame(F_HEADERS, 0, 1, HEAD_BLOCK) + frame(F_DATA, 0, 1, b""),  # no CONTINUATION
+])
+def test_protocol_errors_end_the_connection_with_a_goaway(bad):
+    server = ServerCodec()
+    with pytest.raises(Http2Error):
+        server.receive(bad)
+    assert 7 in frame_types(server.data_to_send())  # a GOAWAY was queued
+
+
+def frame_types(out: bytes) -> list[int]:
+    kinds, position = [], 0
+    while position < len(out):
+        kinds.append(out[position + 3])
+        position += 9 + int.from_bytes(out[position:position + 3], "big")
+    return kinds
+
+
+def test_integers_and_literals_decode_as_hpack_says():
+    decoder = hpack.Decoder()
+    block = HEAD_BLOCK + literal(b"grpc-message", b"m" * 300) + literal(b"k" * 130, b"")
+    assert decoder.decode(block, raw=True) == [(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                               (b"grpc-message", b"m" * 300), (b"k" * 130, b"")]
+    assert not decoder.header_table.dynamic_entries  # nothing was added to the client's dynamic table
