@@ -38,12 +38,14 @@ updates when a large answer (a 4 MiB pull) needs them.
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import math
 import ssl
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 import trio
@@ -121,12 +123,24 @@ Send = Callable[[bytes], Awaitable[None]]
 StreamHandler = Callable[["trio.MemoryReceiveChannel[bytes]", Send, Call], Awaitable[None]]
 
 
+# A quick handler answers at once: the answer's bytes, or something settled later with them
+# (a ``then(callback)`` taking ``callback(value, error)``, as :class:`spaces.later.Later` does), or,
+# when this call needs one after all, a coroutine returning them (run in a task).
+QuickHandler = Callable[[bytes, Call], Any]
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
-    """A method's handler: ``unary`` (one message each way) or ``stream`` (any number)."""
+    """A method's handler: ``unary`` (one message each way, in a task of its own), ``quick``
+    (one message each way, answered from the reading task or from the callback of what it
+    returns: no task, for calls whose work is one engine operation), or ``stream`` (any number
+    of messages each way). ``failed`` turns an error a quick call's result settles with into
+    its status (else UNKNOWN)."""
 
     unary: UnaryHandler | None = None
     stream: StreamHandler | None = None
+    quick: QuickHandler | None = None
+    failed: Callable[[Exception], GrpcError] | None = None
 
 
 # Runs before every call's handler (a token check, metering); raises GrpcError to refuse it.
@@ -274,18 +288,17 @@ class GrpcServer:
             await trio.aclose_forcefully(stream)
 
 
-
 class _Connection:
     def __init__(self, server: GrpcServer, stream: trio.abc.Stream) -> None:
         self.server = server
         self.stream = stream
-        self.io: DirectSocket | StreamIO = (DirectSocket(stream) if isinstance(stream, trio.SocketStream)
-                                            else StreamIO(stream))
+        self.direct = DirectSocket(stream) if isinstance(stream, trio.SocketStream) else None
+        self.io: DirectSocket | StreamIO = self.direct or StreamIO(stream)
         limits = server.limits
         self.codec = ServerCodec(max_streams=limits.max_streams, stream_window=STREAM_WINDOW,
                                  connection_window=4 * STREAM_WINDOW, max_header_list=4 * limits.max_metadata_bytes)
         self.streams: dict[int, _Stream] = {}
-        self.send_lock = trio.StrictFIFOLock()
+        self.writing = False  # a task is writing (see flush)
         self.window = trio.Event()  # set when the client opens its windows (then replaced)
         self.broken = False
         self.tasks = 0  # calls running
@@ -332,31 +345,48 @@ class _Connection:
                     self.window = trio.Event()
             if codec.out:
                 await self.flush()
-            else:
-                await trio.lowlevel.checkpoint()  # fairness: one checkpoint per chunk handled
             if self.server._stopping:
                 self.server.quiet()
             data = await self._receive()
 
     async def _receive(self) -> bytes:
+        """The next bytes, waiting for them first (a checkpoint per chunk: fairness)."""
         try:
             return await self.io.receive_when_ready(65536)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             return b""
 
-    async def flush(self, extra: bytes = b"") -> None:
-        """Write what the codec has to send (in the order it was made: under the lock)."""
-        async with self.send_lock:
-            data = self.codec.data_to_send()
-            if not data or self.broken:
-                return
-            with trio.move_on_after(SEND_TIMEOUT_S) as timer:
-                try:
-                    await self.io.send_all(data)
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+    async def flush(self) -> None:
+        """Write what the codec has to send. One task writes at a time; a task that finds another
+        writing leaves its bytes to that one, which writes until nothing is left, so bytes go
+        out in the order they were made. A write the socket takes at once does not wait (no
+        lock, no checkpoint); one that must wait is shielded (a cancelled call must not cut a
+        frame in half) and bounded by ``SEND_TIMEOUT_S``."""
+        codec = self.codec
+        if self.writing or self.broken or not codec.out:
+            return
+        self.writing = True
+        try:
+            while codec.out and not self.broken:
+                data = codec.data_to_send()
+                if self.direct is not None:
+                    try:
+                        sent = self.direct.send_some(data)
+                    except OSError:
+                        self._break()
+                        return
+                    if sent == len(data):
+                        continue
+                    data = data[sent:]
+                with trio.CancelScope(shield=True), trio.move_on_after(SEND_TIMEOUT_S) as timer:
+                    try:
+                        await self.io.send_all(data)
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._break()
+                if timer.cancelled_caught:
                     self._break()
-            if timer.cancelled_caught:
-                self._break()
+        finally:
+            self.writing = False
 
     def _break(self) -> None:
         self.broken = True
@@ -453,7 +483,7 @@ class _Connection:
             elif stream.message is None:
                 self._answer_now(stream, Status.UNIMPLEMENTED, "no request message for a unary method")
             else:
-                self._start(stream, self._unary, stream)
+                self._start(stream, None if stream.method.quick is not None else self._unary, stream)
 
     def _messages(self, stream: _Stream, data: bytes) -> bool:
         """The messages ``data`` completes, handed on; False if the call was answered for them."""
@@ -513,7 +543,8 @@ class _Connection:
         self.window.set()
         self.window = trio.Event()
 
-    def _start(self, stream: _Stream, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+    def _start(self, stream: _Stream, fn: Callable[..., Awaitable[None]] | None, *args: object) -> None:
+        """The call begins (``fn`` in a task of its own; None: a quick call, run here)."""
         server = self.server
         if server.guard is not None:
             try:
@@ -523,7 +554,10 @@ class _Connection:
                 return
         server.calls += 1
         self.tasks += 1
-        self.calls.start_soon(fn, *args)
+        if fn is None:
+            self._quick(stream)
+        else:
+            self.calls.start_soon(fn, *args)
 
     def _answer_now(self, stream: _Stream, status: Status, message: str,
                     trailing: tuple[tuple[str, str], ...] = (), *, http: bytes = b"200") -> None:
@@ -540,6 +574,90 @@ class _Connection:
             self.streams.pop(stream.id, None)
 
     # -- calls (each in a task of the connection's nursery) ----------------------------------------
+
+    def _quick(self, stream: _Stream) -> None:
+        """A quick call, run here (in the reading task): answered now, or when its result settles."""
+        assert stream.method.quick is not None and stream.message is not None
+        try:
+            result = stream.method.quick(stream.message, stream.call)
+        except Exception as exc:
+            self._quick_done(stream, None, exc)
+            return
+        then = getattr(result, "then", None)
+        if then is not None:
+            then(lambda value, error: self._quick_done(stream, value, error))
+        elif inspect.iscoroutine(result):  # this call needs a task after all
+            self.calls.start_soon(self._quick_awaited, stream, result)
+        else:
+            self._quick_done(stream, result, None)
+
+    async def _quick_awaited(self, stream: _Stream, coroutine: Coroutine[Any, Any, bytes]) -> None:
+        try:
+            answer = await coroutine
+        except Exception as exc:
+            self._quick_done(stream, None, exc)
+        except BaseException:
+            self._finish(stream, Status.CANCELLED, "cancelled")
+            raise
+        else:
+            self._quick_done(stream, answer, None)
+
+    def _quick_done(self, stream: _Stream, answer: Any, error: BaseException | None) -> None:
+        """A quick call's answer, written without waiting (see :meth:`_write_now`); an answer
+        larger than the client's window now is left to a task."""
+        limit = self.server.limits.max_message_bytes
+        status, text = Status.OK, ""
+        if error is not None:
+            if not isinstance(error, Exception):  # never raised here: this may run in a commit's callback
+                error = GrpcError(Status.CANCELLED, f"the call was cancelled ({type(error).__name__})")
+            if not isinstance(error, GrpcError) and stream.method.failed is not None:
+                error = stream.method.failed(error)
+            if isinstance(error, GrpcError):
+                status, text = error.status, error.message
+                stream.call.trailing.extend(error.trailing)
+            else:
+                log.error("%s: %s failed", self.server.name, stream.call.method, exc_info=error)
+                status, text = Status.UNKNOWN, f"Exception calling application: {error}"
+            answer = None
+        elif trio.current_time() > stream.deadline:
+            status, text, answer = Status.DEADLINE_EXCEEDED, "Deadline Exceeded", None
+        elif len(answer) > limit:
+            status, text, answer = Status.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(answer)} vs. {limit})", None
+        try:
+            if stream.answered or self.broken:
+                self.streams.pop(stream.id, None)
+                return
+            if answer is not None and 5 + len(answer) > self.codec.window(stream.id):
+                self.tasks += 1  # the task's end is counted by _ended_late (the call's by _finish below)
+                self.calls.start_soon(self._end_late, stream, answer)
+                return
+            self._answer(stream, answer, status, text)
+            self._write_now()
+        finally:
+            self._finish(stream, status, text)
+
+    async def _end_late(self, stream: _Stream, answer: bytes) -> None:
+        try:
+            await self._end(stream, answer, Status.OK, "")
+        finally:
+            self.tasks -= 1
+
+    def _write_now(self) -> None:
+        """:meth:`flush` without waiting: what the socket takes now; a task writes the rest."""
+        codec = self.codec
+        if self.writing or self.broken or not codec.out:
+            return
+        if self.direct is not None:
+            data = codec.data_to_send()
+            try:
+                sent = self.direct.send_some(data)
+            except OSError:
+                self._break()
+                return
+            if sent == len(data):
+                return
+            codec.out[:0] = data[sent:]  # the rest first, before what comes next
+        self.calls.start_soon(self.flush)
 
     async def _unary(self, stream: _Stream) -> None:
         status, text = Status.OK, ""
@@ -633,25 +751,31 @@ class _Connection:
     async def _end(self, stream: _Stream, answer: bytes | None, status: Status, text: str) -> None:
         """The answer (a unary call's message, if any) and the trailers."""
         sid = stream.id
+        if stream.answered or self.broken:
+            self.streams.pop(sid, None)
+            return
+        if answer is not None and (stream.begun or 5 + len(answer) > self.codec.window(sid)):
+            try:
+                await self._send_message(stream, answer)
+            except _Refused:
+                self.streams.pop(sid, None)
+                return
+            answer = None
+            if stream.answered or self.broken:
+                self.streams.pop(sid, None)
+                return
+        self._answer(stream, answer, status, text)
+        await self.flush()
+
+    def _answer(self, stream: _Stream, answer: bytes | None, status: Status, text: str) -> None:
+        """The head (unless sent), the message if any (within the window: the caller checks),
+        and the trailers, into the codec's output."""
+        sid = stream.id
         codec = self.codec
-        if stream.answered or self.broken:
-            self.streams.pop(sid, None)
-            return
         if answer is not None:
-            data = b"\x00" + len(answer).to_bytes(4, "big") + answer
-            if not stream.begun and len(data) <= codec.window(sid):
-                stream.begun = True
-                codec.send_head(sid)
-                codec.send_data(sid, data)
-            else:
-                try:
-                    await self._send_message(stream, answer)
-                except _Refused:
-                    self.streams.pop(sid, None)
-                    return
-        if stream.answered or self.broken:
-            self.streams.pop(sid, None)
-            return
+            stream.begun = True
+            codec.send_head(sid)
+            codec.send_data(sid, b"\x00" + len(answer).to_bytes(4, "big") + answer)
         if status == Status.OK and not stream.call.trailing:
             block = OK_TRAILERS if stream.begun else _trailers(status, "", (), only=True)
         else:
@@ -660,4 +784,3 @@ class _Connection:
         stream.answered = True
         if stream.ended:
             self.streams.pop(sid, None)
-        await self.flush()

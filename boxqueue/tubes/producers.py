@@ -204,10 +204,62 @@ class Producers(EngineBase):
                 del self._upserting[key]
             finished.set()
 
+    def upsert_now(
+        self, space_id: int, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]],
+        kind: TubeKind | None = None,
+    ) -> Later[tuple[int, int]] | None:
+        """:meth:`upsert` without a task, where it has nothing to wait for (Deckard's usual Add:
+        one queue without a limit, and no other upsert of these ids under way): its one commit's
+        Later, mapped to (created, updated). None where :meth:`upsert` is needed."""
+        names = {item[0] for item in items}
+        if len(names) != 1:
+            return None
+        (name,) = names
+        keys = {(space_id, name, item[1]) for item in items}
+        if not self._upserting.keys().isdisjoint(keys):
+            return None
+        queue_space = self.queue_space(space_id)
+        if self._tube(queue_space, name).limit:
+            return None
+        created, updated, pending = self._upsert_batches(queue_space, items, kind)
+        ((_tube, later),) = pending
+        finished = trio.Event()
+        for key in keys:
+            self._upserting[key] = finished
+        answer: Later[tuple[int, int]] = Later()
+
+        def done(_value: Any, error: BaseException | None) -> None:
+            for key in keys:
+                del self._upserting[key]
+            finished.set()
+            answer.settle(None if error is not None else (created, updated), error)
+
+        later.then(done)
+        return answer
+
     async def _upsert(
         self, queue_space: QueueSpace, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]],
         kind: TubeKind | None,
     ) -> tuple[int, int]:
+        created, updated, pending = self._upsert_batches(queue_space, items, kind)
+        error: BaseException | None = None
+        for _tube, later in pending:
+            try:
+                await later
+            except BaseException as exc:  # every batch is awaited, the first error is raised
+                error = error or exc
+        if error is not None:
+            raise error
+        for tube, _later in pending:
+            if tube.limit and len(tube.tasks) > tube.limit:
+                await self._enforce_limit(queue_space, tube)
+        return created, updated
+
+    def _upsert_batches(
+        self, queue_space: QueueSpace, items: list[tuple[str, str, float, int, dict[str, Any], list[Any]]],
+        kind: TubeKind | None,
+    ) -> tuple[int, int, list[tuple[Tube, Later[Any]]]]:
+        """Each tube's batch of an upsert, submitted: (created, updated, [(tube, its Later)])."""
         by_tube: dict[str, list[tuple[str, float, int, dict[str, Any], list[Any]]]] = {}
         for tube_name, task_id, pri, expires, attachments, data in items:
             by_tube.setdefault(tube_name, []).append((task_id, pri, expires, attachments, data))
@@ -239,16 +291,5 @@ class Producers(EngineBase):
                     updated += 1
             later = self._batch(queue_space, tube, changes=changes, inserts=list(new.values()), records=records)
             pending.append((tube, later.map(functools.partial(counted, tube, None, options=options))))
-        error: BaseException | None = None
-        for _tube, later in pending:
-            try:
-                await later
-            except BaseException as exc:  # every batch is awaited, the first error is raised
-                error = error or exc
-        if error is not None:
-            raise error
-        for tube, _later in pending:
-            if tube.limit and len(tube.tasks) > tube.limit:
-                await self._enforce_limit(queue_space, tube)
-        return created, updated
+        return created, updated, pending
 

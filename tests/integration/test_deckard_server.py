@@ -13,8 +13,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
+from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
 from tests.integration.deckard_fixtures import Deckard, DeckardServer, pb, queue_name
-from tests.serverproc import ROOT
+from tests.integration.test_metrics import delta, scrape
+from tests.serverproc import ROOT, free_port
 
 # A 1 s sweep would release a lock anywhere up to a second late; these bounds allow a busy
 # machine half a second, which a sweep would exceed most of the time over three locks.
@@ -373,3 +375,37 @@ def test_a_space_named_like_deckards_with_another_layout_stops_the_server_cleanl
     assert done.returncode == 1, done.stderr
     assert "Space 'deckard' already exists" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_calls_are_counted_in_the_metrics(tmp_path):
+    """Every unary call is counted by method and outcome, errors by status name; a call refused for
+    its token is counted, reflection streams are not."""
+    metrics_port = free_port()
+    srv = DeckardServer.create(tmp_path / "srv", f'token = "sesame"\n\n[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
+    srv.proc.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}")
+    token = [("authorization", "Bearer sesame")]
+    try:
+        stub = pb_grpc.DeckardStub(channel)
+        before = scrape(metrics_port)
+        q = queue_name()
+        for i in range(2):
+            stub.Add(pb.AddRequest(messages=[pb.AddMessage(id=f"m{i}", queue=q)]), metadata=token, timeout=30)
+        assert len(stub.Pull(pb.PullRequest(queue=q, amount=1), metadata=token, timeout=30).messages) == 1
+        with pytest.raises(grpc.RpcError):
+            stub.Ack(pb.AckRequest(queue=q, id=""), metadata=token, timeout=30)  # INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError):
+            stub.Count(pb.CountRequest(queue=q), timeout=30)  # no token: UNAUTHENTICATED
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        after = scrape(metrics_port)
+    finally:
+        channel.close()
+        srv.proc.stop()
+    counted = {
+        ("Add", "ok"): 2, ("Pull", "ok"): 1, ("Ack", "error"): 1, ("Count", "error"): 1, ("Check", "ok"): 1,
+    }
+    for (operation, outcome), n in counted.items():
+        assert delta(before, after, "boxqueue_api_requests_total", api="deckard", operation=operation,
+                     outcome=outcome) == n, (operation, outcome)
+    assert delta(before, after, "boxqueue_api_errors_total", api="deckard", code="INVALID_ARGUMENT") == 1
+    assert delta(before, after, "boxqueue_api_errors_total", api="deckard", code="UNAUTHENTICATED") == 1

@@ -20,6 +20,7 @@ from boxqueue.facades.grpc_connections import (
     Status,
     grpc_message,
 )
+from boxqueue.spaces.later import Later
 
 LIMIT = 64 * 1024
 
@@ -35,6 +36,7 @@ class Methods:
         self.cancelled = trio.Event()
         self.metadata: list[tuple[str, str]] = []
         self.finished: list[tuple[str, Status]] = []
+        self.pending: list[tuple[bytes, Later[bytes]]] = []
 
     def table(self) -> dict[str, Method]:
         return {
@@ -44,6 +46,9 @@ class Methods:
             "/t.T/Refuse": Method(unary=self.refuse),
             "/t.T/Big": Method(unary=self.big),
             "/t.T/Chat": Method(stream=self.chat),
+            "/t.T/Now": Method(quick=self.now),
+            "/t.T/Soon": Method(quick=self.soon, failed=lambda exc: GrpcError(Status.ABORTED, f"failed: {exc}")),
+            "/t.T/Task": Method(quick=self.task),
         }
 
     async def echo(self, data: bytes, call: Call) -> bytes:
@@ -71,6 +76,33 @@ class Methods:
     async def chat(self, requests, send, call: Call) -> None:
         async for message in requests:
             await send(b"re:" + message)
+
+    def now(self, data: bytes, call: Call) -> bytes:
+        if data == b"raise":
+            raise GrpcError(Status.INVALID_ARGUMENT, "refused at once")
+        return b"now:" + data
+
+    def soon(self, data: bytes, call: Call) -> Later[bytes]:
+        """Settled by ``settle_soon`` (as a commit settles an engine call's Later)."""
+        later: Later[bytes] = Later()
+        self.pending.append((data, later))
+        self.entered.set()
+        return later
+
+    def task(self, data: bytes, call: Call):
+        async def later() -> bytes:
+            await trio.sleep(0.01)
+            return b"task:" + data
+
+        return later()
+
+    def settle_soon(self) -> None:
+        for data, later in self.pending:
+            if data == b"fail":
+                later.settle(None, RuntimeError("the engine failed"))
+            else:
+                later.settle(b"soon:" + data)
+        self.pending.clear()
 
     def done(self, call: Call, begun: object, status: Status, text: str) -> None:
         self.finished.append((call.method, status))
@@ -293,3 +325,47 @@ async def test_garbage_and_silent_clients_are_closed_and_others_served(nursery):
                 pass  # whatever the server says (its settings, a GOAWAY), until it closes
     assert time.monotonic() - started < 9
     assert await blocking(lambda: channel(port).unary_unary("/t.T/Echo")(b"fine", timeout=30)) == b"fine"
+
+
+async def test_quick_calls_answered_at_once_later_or_from_a_task(nursery):
+    """Quick methods run without a task of their own: answered at once, from the callback of what
+    they return (with errors turned into statuses by the method's ``failed``), or from a task
+    when they return a coroutine."""
+    methods = Methods()
+    server, port = await serving(nursery, methods)
+    ch = channel(port)
+    try:
+        assert await blocking(lambda: ch.unary_unary("/t.T/Now")(b"a", timeout=30)) == b"now:a"
+        with pytest.raises(grpc.RpcError) as err:
+            await blocking(lambda: ch.unary_unary("/t.T/Now")(b"raise", timeout=30))
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "refused at once")
+        assert await blocking(lambda: ch.unary_unary("/t.T/Task")(b"b", timeout=30)) == b"task:b"
+
+        ok = await blocking(lambda: ch.unary_unary("/t.T/Soon").future(b"c", timeout=30))
+        failing = await blocking(lambda: ch.unary_unary("/t.T/Soon").future(b"fail", timeout=30))
+        with trio.fail_after(10):
+            while len(methods.pending) < 2:
+                await methods.entered.wait()
+                methods.entered = trio.Event()
+        assert server.calls == 2  # both in progress, neither holding a task
+        methods.settle_soon()
+        assert await blocking(lambda: ok.result(timeout=30)) == b"soon:c"
+        with pytest.raises(grpc.RpcError) as err:
+            await blocking(lambda: failing.result(timeout=30))
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.ABORTED, "failed: the engine failed")
+
+        # Past its deadline when its result comes: DEADLINE_EXCEEDED (the client says so too).
+        late = await blocking(lambda: ch.unary_unary("/t.T/Soon").future(b"d", timeout=0.3))
+        with trio.fail_after(10):
+            while not methods.pending:
+                await methods.entered.wait()
+                methods.entered = trio.Event()
+        await trio.sleep(0.5)
+        methods.settle_soon()
+        with pytest.raises(grpc.RpcError) as err:
+            await blocking(lambda: late.result(timeout=30))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert ("/t.T/Soon", Status.ABORTED) in methods.finished
+        assert await blocking(lambda: ch.unary_unary("/t.T/Now")(b"e", timeout=30)) == b"now:e"
+    finally:
+        ch.close()

@@ -15,9 +15,10 @@ by the gRPC server (:mod:`boxqueue.facades.grpc_connections`) before a handler r
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from boxqueue.facades.grpc_connections import GrpcError, Status
 
@@ -39,22 +40,42 @@ def status_for(exc: Exception, failure: str) -> tuple[Status, str]:
     return Status.INTERNAL, f"{failure}: {exc}"
 
 
-def answers_errors(failure: str) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
-    """Wrap a servicer method so every exception becomes its gRPC status (a :class:`GrpcError`)."""
+def grpc_error(exc: Exception, failure: str, name: str) -> GrpcError:
+    """``exc`` as the status a method failing with it answers (engine faults are logged)."""
+    if isinstance(exc, GrpcError):
+        return exc
+    code, text = status_for(exc, failure)
+    if code == Status.INTERNAL:
+        log.error("Deckard %s failed", name, exc_info=exc)
+    return GrpcError(code, text)
 
-    def wrap(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-        @functools.wraps(method)
-        async def handler(self: Any, request: Any) -> R:
-            try:
-                return await method(self, request)
-            except GrpcError:
-                raise
-            except Exception as exc:
-                code, text = status_for(exc, failure)
-                if code == Status.INTERNAL:
-                    log.error("Deckard %s failed", method.__name__, exc_info=exc)
-                raise GrpcError(code, text) from exc
 
-        return handler
+def answers_errors(failure: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Wrap a servicer method so every exception it raises becomes its gRPC status (a
+    :class:`GrpcError`). A coroutine method is wrapped as one; a quick method (it answers at
+    once, or returns a Later) has its raised errors converted, and ``failure`` kept on the wrapper
+    for the errors its Later settles with (:func:`grpc_error`)."""
+
+    def wrap(method: Callable[..., R]) -> Callable[..., R]:
+        if inspect.iscoroutinefunction(method):
+            @functools.wraps(method)
+            async def serve(self: Any, request: Any) -> Any:
+                try:
+                    return await method(self, request)
+                except Exception as exc:
+                    raise grpc_error(exc, failure, method.__name__) from exc
+
+            handler: Any = serve
+        else:
+            @functools.wraps(method)
+            def quick(self: Any, request: Any) -> Any:
+                try:
+                    return method(self, request)
+                except Exception as exc:
+                    raise grpc_error(exc, failure, method.__name__) from exc
+
+            handler = quick
+        handler.failure = failure
+        return cast("Callable[..., R]", handler)
 
     return wrap

@@ -10,17 +10,20 @@ leaves each write whole; only its answer is dropped.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import trio
 
 from boxqueue.facades.deckard import translate
-from boxqueue.facades.deckard.errors import answers_errors
+from boxqueue.facades.deckard.errors import answers_errors, grpc_error
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
 from boxqueue.facades.grpc_connections import Call, Method
 from boxqueue.facades.grpc_services import parse
+from boxqueue.spaces.later import Later
 from boxqueue.tubes.engine import QueueEngine
 from boxqueue.tubes.kinds import DECKARD
 from boxqueue.tubes.task import TAKEN
@@ -44,7 +47,12 @@ async def settled(result: Any) -> Any:
 
 
 class DeckardService:
-    """``blipai.deckard.Deckard`` over the tubes of one space."""
+    """``blipai.deckard.Deckard`` over the tubes of one space.
+
+    Add, Flush and EditQueue are coroutines (the gRPC server runs each call in a task). The
+    others are quick (:class:`boxqueue.facades.grpc_connections.Method`): one engine operation,
+    so they answer at once or return the operation's :class:`Later` mapped to the answer, and the
+    server writes the answer from its callback, without a task per call."""
 
     def __init__(self, engine: QueueEngine, space_id: int, *, default_ttl_minutes: int, allow_flush: bool) -> None:
         self.engine = engine
@@ -56,42 +64,53 @@ class DeckardService:
         return await settled(fn(*args))
 
     @answers_errors("error adding messages")
-    async def Add(self, request: pb.AddRequest) -> pb.AddResponse:
+    def Add(self, request: pb.AddRequest) -> pb.AddResponse | Later[pb.AddResponse] | Coroutine[Any, Any, pb.AddResponse]:
         items = translate.new_messages(request, now_ms(), self.default_ttl_minutes)
         if not items:
             return pb.AddResponse()
+        now = float(now_ms())
+        tasks = [(m.queue, m.id, translate.clamp_score(now if m.score is None else m.score), m.expires * 1000,
+                  m.attachments, m.data) for m in items]
+        kind = self.engine.kind_named(DECKARD)
+        added = self.engine.upsert_now(self.space_id, tasks, kind)
+        if added is not None:  # the usual Add: one commit, no task needed
+            return added.map(_add_response)
+        return self._add(tasks, kind)  # several queues, a limit, or the same ids being added
 
-        def add() -> Any:  # a coroutine: the bridge awaits it on trio
-            now = float(now_ms())
-            return self.engine.upsert(self.space_id, [
-                (m.queue, m.id, translate.clamp_score(now if m.score is None else m.score), m.expires * 1000,
-                 m.attachments, m.data)
-                for m in items
-            ], kind=self.engine.kind_named(DECKARD))
-
-        created, updated = await self._engine(add)
-        return pb.AddResponse(created_count=created, updated_count=updated)
+    async def _add(self, tasks: list[Any], kind: Any) -> pb.AddResponse:
+        with trio.CancelScope(shield=True):  # once begun, an Add is written whole or not at all
+            counts = await self.engine.upsert(self.space_id, tasks, kind=kind)
+        return _add_response(counts)
 
     @answers_errors("error pulling messages")
-    async def Pull(self, request: pb.PullRequest) -> pb.PullResponse:
+    def Pull(self, request: pb.PullRequest) -> Later[pb.PullResponse]:
         amount, low, high, deadline = translate.pull_bounds(request, now_ms())
+        pulled = self.engine.take_many(self.space_id, request.queue, amount, deadline * 1000, low, high)
+        answer: Later[pb.PullResponse] = Later()
 
-        def pull() -> Any:
-            return self.engine.take_many(self.space_id, request.queue, amount, deadline * 1000, low, high)
-
-        pulled = await self._engine(pull)
-        messages = [translate.to_message(task, raw) for task, raw in pulled]
-        fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
-        if fits < len(messages):
+        def answered(found: Any, error: BaseException | None) -> None:
+            if error is not None:
+                answer.settle(None, error)
+                return
+            try:
+                messages = [translate.to_message(task, raw) for task, raw in found]
+                fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
+            except Exception as exc:
+                answer.settle(None, exc)
+                return
+            response = pb.PullResponse(messages=messages[:fits])
+            if fits == len(messages):
+                answer.settle(response)
+                return
             # The answer would pass the 4 MiB send limit: the messages beyond it were never
             # handed out, so they go back to the queue at once rather than wait for a deadline.
-            def untake() -> Any:
-                return self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
+            back = self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
+            back.then(lambda _value, failed: answer.settle(None if failed else response, failed))
 
-            await self._engine(untake)
-        return pb.PullResponse(messages=messages[:fits])
+        pulled.then(answered)
+        return answer
 
-    async def _settle(self, request: pb.AckRequest, *, nack: bool) -> pb.AckResponse:
+    def _settle(self, request: pb.AckRequest, *, nack: bool) -> Later[pb.AckResponse]:
         translate.require(request.id, "id")
         translate.require(request.queue, "queue")
         score = translate.given_score(request.score)
@@ -104,63 +123,49 @@ class DeckardService:
         def diagnostics(attrs: dict[str, Any]) -> None:
             translate.count_settle(attrs, nack=nack, breakpoint=breakpoint)
 
-        def settle() -> Any:
-            if request.removeMessage:
-                # Deckard acks, then removes, and answers success whatever the ack said: what
-                # the ack changed goes with the message, so removing is all there is to do.
-                return self.engine.remove(self.space_id, request.queue, [request.id]).map(
-                    lambda removed: (True, len(removed)))
-            task = self.engine.get(self.space_id, request.queue, request.id)
-            if task is None or task.status != TAKEN:
-                return False, None
-            if request.lock_ms > 0:
-                # Locked, then back with the score given, else the front (nack) or the back (ack).
-                unlock = translate.clamp_score(score) if score is not None else (0.0 if nack else None)
-                settling = self.engine.settle(self.space_id, request.queue, request.id, pri=None,
-                                              delay=request.lock_ms * 1000, unlock_pri=unlock, attrs=diagnostics)
+        if request.removeMessage:
+            # Deckard acks, then removes, and answers success whatever the ack said: what the
+            # ack changed goes with the message, so removing is all there is to do.
+            return self.engine.remove(self.space_id, request.queue, [request.id]).map(
+                lambda removed: pb.AckResponse(success=True, removal_response=pb.RemoveResponse(
+                    cacheRemoved=len(removed), storageRemoved=len(removed))))
+        task = self.engine.get(self.space_id, request.queue, request.id)
+        if task is None or task.status != TAKEN:
+            return Later.done(pb.AckResponse(success=False))
+        if request.lock_ms > 0:
+            # Locked, then back with the score given, else the front (nack) or the back (ack).
+            unlock = translate.clamp_score(score) if score is not None else (0.0 if nack else None)
+            settling = self.engine.settle(self.space_id, request.queue, request.id, pri=None,
+                                          delay=request.lock_ms * 1000, unlock_pri=unlock, attrs=diagnostics)
+        else:
+            if score is not None:
+                pri = translate.clamp_score(score)
             else:
-                if score is not None:
-                    pri = translate.clamp_score(score)
-                else:
-                    pri = 0.0 if nack else translate.clamp_score(now_ms() - subtract)
-                settling = self.engine.settle(self.space_id, request.queue, request.id, pri=pri, attrs=diagnostics)
-            return settling.map(lambda success: (success, None))
-
-        success, removed = await self._engine(settle)
-        if removed is None:
-            return pb.AckResponse(success=success)
-        return pb.AckResponse(
-            success=success, removal_response=pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
-        )
+                pri = 0.0 if nack else translate.clamp_score(now_ms() - subtract)
+            settling = self.engine.settle(self.space_id, request.queue, request.id, pri=pri, attrs=diagnostics)
+        return settling.map(lambda success: pb.AckResponse(success=success))
 
     @answers_errors("error on message ACK")
-    async def Ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        return await self._settle(request, nack=False)
+    def Ack(self, request: pb.AckRequest) -> Later[pb.AckResponse]:
+        return self._settle(request, nack=False)
 
     @answers_errors("error on message NACK")
-    async def Nack(self, request: pb.AckRequest) -> pb.AckResponse:
-        return await self._settle(request, nack=True)
+    def Nack(self, request: pb.AckRequest) -> Later[pb.AckResponse]:
+        return self._settle(request, nack=True)
 
     @answers_errors("error count messages")
-    async def Count(self, request: pb.CountRequest) -> pb.CountResponse:
-        def count() -> int:
-            if not request.queue:  # K12: "" counts every queue
-                return sum(len(t.tasks) for t in self.engine.tubes_of(self.space_id))
-            tube = self.engine.existing_tube(self.space_id, request.queue)
-            return 0 if tube is None else len(tube.tasks)
-
-        return pb.CountResponse(count=await self._engine(count))
+    def Count(self, request: pb.CountRequest) -> pb.CountResponse:
+        if not request.queue:  # K12: "" counts every queue
+            return pb.CountResponse(count=sum(len(t.tasks) for t in self.engine.tubes_of(self.space_id)))
+        tube = self.engine.existing_tube(self.space_id, request.queue)
+        return pb.CountResponse(count=0 if tube is None else len(tube.tasks))
 
     @answers_errors("error removing messages from pool")
-    async def Remove(self, request: pb.RemoveRequest) -> pb.RemoveResponse:
+    def Remove(self, request: pb.RemoveRequest) -> pb.RemoveResponse | Later[pb.RemoveResponse]:
         if not request.ids:
             return pb.RemoveResponse()
-
-        def remove() -> Any:
-            return self.engine.remove(self.space_id, request.queue, list(request.ids)).map(len)
-
-        removed = await self._engine(remove)
-        return pb.RemoveResponse(cacheRemoved=removed, storageRemoved=removed)
+        return self.engine.remove(self.space_id, request.queue, list(request.ids)).map(
+            lambda removed: pb.RemoveResponse(cacheRemoved=len(removed), storageRemoved=len(removed)))
 
     @answers_errors("error to flush deckard")
     async def Flush(self, request: pb.FlushRequest) -> pb.FlushResponse:
@@ -175,21 +180,16 @@ class DeckardService:
         return pb.FlushResponse(success=True)
 
     @answers_errors("error getting message")
-    async def GetById(self, request: pb.GetByIdRequest) -> pb.GetByIdResponse:
+    def GetById(self, request: pb.GetByIdRequest) -> pb.GetByIdResponse:
         translate.require(request.id, "id")
         translate.require(request.queue, "queue")
-
-        def get() -> Any:
-            task = self.engine.get(self.space_id, request.queue, request.id)
-            if task is None or task.expires <= time.time_ns() // 1000:
-                return None
-            raw = self.engine.stored(self.engine.queue_space(self.space_id), task)
-            return None if raw is None else (task.copy(), raw)
-
-        found = await self._engine(get)
-        if found is None:
+        task = self.engine.get(self.space_id, request.queue, request.id)
+        if task is None or task.expires <= time.time_ns() // 1000:
             return pb.GetByIdResponse(found=False)
-        message = translate.to_message(*found)
+        raw = self.engine.stored(self.engine.queue_space(self.space_id), task)
+        if raw is None:
+            return pb.GetByIdResponse(found=False)
+        message = translate.to_message(task.copy(), raw)
         return pb.GetByIdResponse(
             message=message, found=True, human_readable_payload=translate.human_readable(message.payload)
         )
@@ -208,12 +208,9 @@ class DeckardService:
         return pb.EditQueueResponse(queue=request.queue, success=True)
 
     @answers_errors("error getting queue configuration")
-    async def GetQueue(self, request: pb.GetQueueRequest) -> pb.GetQueueResponse:
-        def limit() -> int:
-            tube = self.engine.existing_tube(self.space_id, request.queue)
-            return 0 if tube is None else tube.limit
-
-        max_elements = await self._engine(limit)
+    def GetQueue(self, request: pb.GetQueueRequest) -> pb.GetQueueResponse:
+        tube = self.engine.existing_tube(self.space_id, request.queue)
+        max_elements = 0 if tube is None else tube.limit
         return pb.GetQueueResponse(
             queue=request.queue, configuration=pb.QueueConfiguration(max_elements=max_elements)
         )
@@ -225,9 +222,19 @@ def deckard_methods(service: DeckardService) -> dict[str, Method]:
     descriptor = pb.DESCRIPTOR.services_by_name["Deckard"]
     methods = {}
     for method in descriptor.methods:
-        methods[f"/{descriptor.full_name}/{method.name}"] = Method(
-            unary=_unary(getattr(service, method.name), getattr(pb, method.input_type.name)))
+        serve = getattr(service, method.name)
+        request_type = getattr(pb, method.input_type.name)
+        path = f"/{descriptor.full_name}/{method.name}"
+        if inspect.iscoroutinefunction(serve):
+            methods[path] = Method(unary=_unary(serve, request_type))
+        else:
+            methods[path] = Method(quick=_quick(serve, request_type), failed=functools.partial(
+                grpc_error, failure=serve.failure, name=method.name))
     return methods
+
+
+def _add_response(counts: tuple[int, int]) -> pb.AddResponse:
+    return pb.AddResponse(created_count=counts[0], updated_count=counts[1])
 
 
 def _unary(serve: Any, request_type: Any) -> Any:
@@ -236,3 +243,23 @@ def _unary(serve: Any, request_type: Any) -> Any:
         return answer.SerializeToString()
 
     return handle
+
+
+def _quick(serve: Any, request_type: Any) -> Any:
+    def handle(data: bytes, call: Call) -> Any:
+        answer = serve(parse(request_type, data))
+        if isinstance(answer, Later):
+            return answer.map(_serialized)
+        if inspect.iscoroutine(answer):  # the rare call that needs a task (the server gives it one)
+            return _serialized_when_done(answer)
+        return answer.SerializeToString()
+
+    return handle
+
+
+async def _serialized_when_done(coroutine: Coroutine[Any, Any, Any]) -> bytes:
+    return (await coroutine).SerializeToString()
+
+
+def _serialized(answer: Any) -> bytes:
+    return answer.SerializeToString()
