@@ -10,15 +10,17 @@ Candidates (``--servers``):
 
 * ``threadpool``: grpcio's thread-pool server (``grpc.server``), the handler answering at once;
 * ``threadpool-trio``: the same, each call handed to a trio loop in another thread and its answer
-  handed back, as ``boxqueue/facades/deckard/trio_bridge.py`` does for every Deckard call (the hop's cost);
+  handed back, as Deckard's bridge to the engine did until the front door served gRPC itself (the
+  hop's cost);
 * ``aio``: grpcio's asyncio server (``grpc.aio``) on its own loop;
 * ``aio-trio``: the asyncio server, each call handed to a trio loop thread and back;
 * ``h2-trio``: gRPC's unary framing over the ``h2`` library on trio, one task per connection, the
   answer written in the task that read the request: what serving Deckard from our own front door
   (as the Zaqar facade's HTTP/1.1 is served) would cost in transport, before any of gRPC's other
   duties (deadlines, metadata limits, compression flags, status details, TLS with ALPN);
-* ``front-door``: the server Deckard runs on, ``boxqueue/facades/grpc_connections.py`` (``h2-trio``
-  with gRPC's other duties: deadlines, limits, statuses, a task per call), the echo as its method;
+* ``front-door``: the server Deckard runs on, ``boxqueue/facades/grpc_connections.py`` (HTTP/2 by
+  its own codec, with gRPC's other duties: deadlines, limits, statuses, a task per call), the echo
+  as its method;
 * ``purerpc``: purerpc (gRPC over h2 on anyio) on trio. purerpc 0.8 needs ``h2 < 4`` where the
   project has h2 4, so it runs from another interpreter: ``--purerpc-python`` names one that has
   purerpc, trio and protobuf (a venv of its own).
