@@ -1,12 +1,14 @@
-"""gRPC served by the front door itself: HTTP/2 through the ``h2`` library, on trio.
+"""gRPC served by the front door itself: HTTP/2 through :mod:`boxqueue.facades.http2_codec`, on trio.
 
 grpcio's server runs each call on a thread of its pool; the engine lives on trio's loop, so every
 Deckard call crossed from a pool thread to trio and back (about 100 us of CPU per call, on top of
-grpcio's own 290). Here one task per connection reads HTTP/2 frames (``h2`` is sans-IO: bytes in,
-events out, bytes to send), each call runs in a task of its connection's nursery on the same
-loop as the engine, and its answer (head, message and trailers) goes out in one write. A bare
-unary echo costs 137 us of server CPU per call this way against 383 through grpcio's pool and the
-hop (``bench/grpc_servers.py``, docs/performance.md).
+grpcio's own 290). Here one task per connection reads HTTP/2 frames (the codec is sans-IO: bytes
+in, events out, bytes to send) on the same loop as the engine. A call runs in a task of its
+connection's nursery, or, for a ``quick`` method (one engine operation), in the reading task
+itself, answered from the callback of what it returns when that settles: no task per call. An
+answer (head, message and trailers) goes out in one write, without a lock or a checkpoint when
+the socket takes it at once. A bare unary echo costs 77 us of server CPU per call against 460
+through grpcio's pool and the hop (``bench/grpc_servers.py``, docs/performance.md).
 
 What grpcio did for Deckard is done here, as gRPC's HTTP/2 protocol document and grpcio's
 behaviour say:
@@ -22,17 +24,19 @@ behaviour say:
   is ``RESOURCE_EXHAUSTED``); ``max_connections`` and TLS are the listener's
   (:func:`boxqueue.iproto.listening.serve_tcp`, TLS with ALPN ``h2``).
 * **Deadlines**: ``grpc-timeout`` bounds the call: past it the call's task is cancelled and the
-  answer is ``DEADLINE_EXCEEDED``. A client's ``RST_STREAM`` (it cancelled, or gave up) cancels
-  the call's task the same way, with no answer. Engine work already under way is not undone by
-  either (a :class:`spaces.later.Later` is waited for whatever happens; see the facade).
+  answer is ``DEADLINE_EXCEEDED`` (a quick call's result that comes after its deadline is
+  answered so too). A client's ``RST_STREAM`` (it cancelled, or gave up) cancels the call's task
+  the same way, with no answer. Engine work already under way is not undone by either (a
+  :class:`spaces.later.Later` is waited for whatever happens; see the facade).
 * **Unknown methods** are ``UNIMPLEMENTED``; a handler that fails with anything but
   :class:`GrpcError` is ``UNKNOWN`` with the error's text, and logged.
 * **Stopping**: :meth:`GrpcServer.stop` sends every connection a ``GOAWAY`` (clients open no new
   call on it), lets the calls in progress finish within a grace period, then cancels them.
 
 Flow control: every received byte is acknowledged as it is read (a call's messages are bounded
-by ``max_message_bytes``); answers are sent within the client's windows, waiting for its window
-updates when a large answer (a 4 MiB pull) needs them.
+by ``max_message_bytes``, and a connection holding more than ``MAX_BUFFERED`` bytes of unfinished
+messages is closed with ``GOAWAY ENHANCE_YOUR_CALM``); answers are sent within the client's
+windows, waiting for its window updates when a large answer (a 4 MiB pull) needs them.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import trio
 
 from boxqueue.facades.http2_codec import (
     DATA,
+    ENHANCE_YOUR_CALM,
     HEAD_BLOCK,
     REFUSED_STREAM,
     REQUEST,
@@ -165,6 +170,7 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                        b"user-agent", b"grpc-message-type"))
 STREAM_WINDOW = 1 << 20  # what each call may send ahead of our reading it; acknowledged as read
+MAX_BUFFERED = 32 << 20  # bytes of unfinished request messages one connection may hold
 STREAM_QUEUE = 64  # request messages of a streaming call not yet read by its handler
 SEND_TIMEOUT_S = 30.0  # a client that takes nothing we write for this long is dropped
 
@@ -299,6 +305,8 @@ class _Connection:
                                  connection_window=4 * STREAM_WINDOW, max_header_list=4 * limits.max_metadata_bytes)
         self.streams: dict[int, _Stream] = {}
         self.writing = False  # a task is writing (see flush)
+        self.buffered = 0  # bytes of request messages received and not yet handed to their calls
+        self._break_after_flush = False
         self.window = trio.Event()  # set when the client opens its windows (then replaced)
         self.broken = False
         self.tasks = 0  # calls running
@@ -333,6 +341,8 @@ class _Connection:
                 await self.flush()
                 return
             for event in events:
+                if self._break_after_flush:
+                    break
                 kind = event[0]
                 if kind == DATA:
                     self._data(event[1], event[2], event[3])
@@ -345,6 +355,8 @@ class _Connection:
                     self.window = trio.Event()
             if codec.out:
                 await self.flush()
+            if self._break_after_flush:
+                return
             if self.server._stopping:
                 self.server.quiet()
             data = await self._receive()
@@ -368,16 +380,9 @@ class _Connection:
         self.writing = True
         try:
             while codec.out and not self.broken:
+                if self._send_now():
+                    continue
                 data = codec.data_to_send()
-                if self.direct is not None:
-                    try:
-                        sent = self.direct.send_some(data)
-                    except OSError:
-                        self._break()
-                        return
-                    if sent == len(data):
-                        continue
-                    data = data[sent:]
                 with trio.CancelScope(shield=True), trio.move_on_after(SEND_TIMEOUT_S) as timer:
                     try:
                         await self.io.send_all(data)
@@ -387,6 +392,30 @@ class _Connection:
                     self._break()
         finally:
             self.writing = False
+
+    def _send_now(self) -> bool:
+        """What the socket takes now, without waiting (the rest put back first in the codec's
+        output); True when nothing is left to wait for (or the connection broke)."""
+        if self.direct is None:
+            return False  # TLS: every write goes through trio's stream
+        codec = self.codec
+        data = codec.data_to_send()
+        try:
+            sent = self.direct.send_some(data)
+        except OSError:
+            self._break()
+            return True
+        if sent < len(data):
+            codec.out[:0] = data[sent:]
+            return False
+        return True
+
+    def _write_now(self) -> None:
+        """:meth:`flush` without waiting: what the socket takes now; a task writes the rest."""
+        if self.writing or self.broken or not self.codec.out:
+            return
+        if not self._send_now():
+            self.calls.start_soon(self.flush)
 
     def _break(self) -> None:
         self.broken = True
@@ -489,6 +518,15 @@ class _Connection:
         """The messages ``data`` completes, handed on; False if the call was answered for them."""
         body = stream.body
         body += data
+        self.buffered += len(data)
+        if self.buffered > MAX_BUFFERED:
+            # Many calls' messages half-sent at once: more than any client needs (a few 4 MiB
+            # requests in flight). The connection ends rather than hold more.
+            log.warning("%s: a connection held %d bytes of unfinished request messages; closed",
+                        self.server.name, self.buffered)
+            self.codec.go_away(ENHANCE_YOUR_CALM)
+            self._break_after_flush = True
+            return False
         limit = self.server.limits.max_message_bytes
         while len(body) >= 5:
             length = int.from_bytes(body[1:5], "big")
@@ -501,6 +539,7 @@ class _Connection:
             flag = body[0]
             message = bytes(body[5:5 + length])
             del body[:5 + length]
+            self.buffered -= 5 + length
             if flag:
                 if not stream.compressed:
                     self._answer_now(stream, Status.INTERNAL, "a compressed message without grpc-encoding")
@@ -536,6 +575,7 @@ class _Connection:
             return
         stream.reset = True
         stream.answered = True
+        self._drop_body(stream)
         if stream.scope is not None:
             stream.scope.cancel()
         if stream.requests is not None:
@@ -566,8 +606,15 @@ class _Connection:
         self.codec.send_head(stream.id, _trailers(status, message, trailing, only=True, http=http), end=True)
         self._forget(stream)
 
+    def _drop_body(self, stream: _Stream) -> None:
+        """What arrived of a message the call will not read."""
+        if stream.body:
+            self.buffered -= len(stream.body)
+            stream.body.clear()
+
     def _forget(self, stream: _Stream) -> None:
         stream.answered = True
+        self._drop_body(stream)
         if stream.requests is not None:
             stream.requests.close()
         if stream.ended or stream.reset:
@@ -641,23 +688,6 @@ class _Connection:
             await self._end(stream, answer, Status.OK, "")
         finally:
             self.tasks -= 1
-
-    def _write_now(self) -> None:
-        """:meth:`flush` without waiting: what the socket takes now; a task writes the rest."""
-        codec = self.codec
-        if self.writing or self.broken or not codec.out:
-            return
-        if self.direct is not None:
-            data = codec.data_to_send()
-            try:
-                sent = self.direct.send_some(data)
-            except OSError:
-                self._break()
-                return
-            if sent == len(data):
-                return
-            codec.out[:0] = data[sent:]  # the rest first, before what comes next
-        self.calls.start_soon(self.flush)
 
     async def _unary(self, stream: _Stream) -> None:
         status, text = Status.OK, ""
@@ -782,5 +812,6 @@ class _Connection:
             block = _trailers(status, text, stream.call.trailing, only=not stream.begun)
         codec.send_head(sid, block, end=True)
         stream.answered = True
+        self._drop_body(stream)
         if stream.ended:
             self.streams.pop(sid, None)

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import grpc
+import hpack
 import pytest
 import trio
 
@@ -20,6 +22,7 @@ from boxqueue.facades.grpc_connections import (
     Status,
     grpc_message,
 )
+from boxqueue.facades.http2_codec import PREFACE, frame
 from boxqueue.spaces.later import Later
 
 LIMIT = 64 * 1024
@@ -369,3 +372,38 @@ async def test_quick_calls_answered_at_once_later_or_from_a_task(nursery):
         assert await blocking(lambda: ch.unary_unary("/t.T/Now")(b"e", timeout=30)) == b"now:e"
     finally:
         ch.close()
+
+
+async def test_a_connection_holding_too_much_unfinished_input_is_closed(nursery):
+    """Many calls each sending most of a 4 MiB message and never its end: past 32 MiB held on
+    one connection, the server says GOAWAY (ENHANCE_YOUR_CALM) and closes it; others are served."""
+    methods = Methods()
+    server = GrpcServer(methods.table(), limits=Limits(), name="bounded")
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    encoder = hpack.Encoder()
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    prefix = b"\x00" + (4 << 20).to_bytes(4, "big") + b"p" * (16384 - 5)  # a 4 MiB message begins
+    received = bytearray()
+
+    async def send() -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(PREFACE + frame(4, 0, 0))
+            for sid in range(1, 2 * 10, 2):
+                head = encoder.encode([(":method", "POST"), (":path", "/t.T/Echo"), (":scheme", "http"),
+                                       ("content-type", "application/grpc")])
+                await stream.send_all(frame(1, 0x4, sid, head) + frame(0, 0, sid, prefix))
+                for _ in range(220):  # 3.4 MiB of the message, never its end
+                    await stream.send_all(frame(0, 0, sid, b"p" * 16384))
+
+    async def read() -> None:
+        while data := await stream.receive_some(65536):
+            received.extend(data)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as inner:
+            inner.start_soon(send)
+            await read()
+            inner.cancel_scope.cancel()
+    goaway = received.rfind(b"\x07\x00\x00\x00\x00\x00")
+    assert goaway >= 0 and int.from_bytes(received[goaway + 10:goaway + 14], "big") == 11  # ENHANCE_YOUR_CALM
+    assert await blocking(lambda: channel(port).unary_unary("/t.T/Echo")(b"fine", timeout=30)) == b"fine"
