@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from boxqueue.errcodes import ER, BoxError
-from boxqueue.facades.deckard.errors import InvalidArgument, answers_errors, status_for
+from boxqueue.facades.deckard.errors import InvalidArgument, answers_errors, grpc_error, status_for
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
 from boxqueue.facades.grpc_connections import GrpcError, Status
 from boxqueue.facades.grpc_services import parse
@@ -49,3 +49,20 @@ def test_undecodable_bytes_are_internal_with_the_cause():
         parse(pb.AddRequest, b"\x0a\xff\xff\xff\xff\x0f")
     assert err.value.status == Status.INTERNAL
     assert err.value.message.startswith("cannot decode the request as blipai.deckard.AddRequest: ")
+
+
+def test_a_quick_method_raises_its_status_and_keeps_its_failure_text():
+    """A method that answers at once (or returns a Later) has what it raises turned into a status
+    there, and its failure text kept for the errors its Later settles with."""
+
+    class Service:
+        @answers_errors("error getting message")
+        def GetById(self, request):
+            raise InvalidArgument("invalid queue: empty")
+
+    with pytest.raises(GrpcError) as err:
+        Service().GetById("r")
+    assert (err.value.status, err.value.message) == (Status.INVALID_ARGUMENT, "invalid queue: empty")
+    assert Service().GetById.failure == "error getting message"
+    assert grpc_error(StorageError("map full"), "error getting message", "GetById").message == (
+        "error getting message: map full")
