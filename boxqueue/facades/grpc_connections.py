@@ -652,30 +652,23 @@ class _Connection:
     def _quick_done(self, stream: _Stream, answer: Any, error: BaseException | None) -> None:
         """A quick call's answer, written without waiting (see :meth:`_write_now`); an answer
         larger than the client's window now is left to a task."""
-        limit = self.server.limits.max_message_bytes
         status, text = Status.OK, ""
+        if error is None and trio.current_time() > stream.deadline:
+            error = GrpcError(Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if error is None:
+            try:
+                self._check_size(answer)
+            except GrpcError as exc:
+                error = exc
         if error is not None:
-            if not isinstance(error, Exception):  # never raised here: this may run in a commit's callback
-                error = GrpcError(Status.CANCELLED, f"the call was cancelled ({type(error).__name__})")
-            if not isinstance(error, GrpcError) and stream.method.failed is not None:
-                error = stream.method.failed(error)
-            if isinstance(error, GrpcError):
-                status, text = error.status, error.message
-                stream.call.trailing.extend(error.trailing)
-            else:
-                log.error("%s: %s failed", self.server.name, stream.call.method, exc_info=error)
-                status, text = Status.UNKNOWN, f"Exception calling application: {error}"
+            status, text = self._failure(stream, error)
             answer = None
-        elif trio.current_time() > stream.deadline:
-            status, text, answer = Status.DEADLINE_EXCEEDED, "Deadline Exceeded", None
-        elif len(answer) > limit:
-            status, text, answer = Status.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(answer)} vs. {limit})", None
         try:
             if stream.answered or self.broken:
                 self.streams.pop(stream.id, None)
                 return
             if answer is not None and 5 + len(answer) > self.codec.window(stream.id):
-                self.tasks += 1  # the task's end is counted by _ended_late (the call's by _finish below)
+                self.tasks += 1  # counted until _end_late ends (the call itself by _finish below)
                 self.calls.start_soon(self._end_late, stream, answer)
                 return
             self._answer(stream, answer, status, text)
@@ -697,19 +690,12 @@ class _Connection:
                 assert stream.method.unary is not None and stream.message is not None
                 answer = await stream.method.unary(stream.message, stream.call)
             if scope.cancelled_caught:
-                status, text = (Status.CANCELLED, "cancelled") if stream.reset else (
-                    Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            elif len(answer) > self.server.limits.max_message_bytes:
-                status = Status.RESOURCE_EXHAUSTED
-                text = f"Sent message larger than max ({len(answer)} vs. {self.server.limits.max_message_bytes})"
+                status, text = self._cut_short(stream)
+            else:
+                self._check_size(answer)
             await self._end(stream, answer if status == Status.OK else None, status, text)
-        except GrpcError as exc:
-            status, text = exc.status, exc.message
-            stream.call.trailing.extend(exc.trailing)
-            await self._end(stream, None, status, text)
         except Exception as exc:
-            log.exception("%s: %s failed", self.server.name, stream.call.method)
-            status, text = Status.UNKNOWN, f"Exception calling application: {exc}"
+            status, text = self._failure(stream, exc)
             await self._end(stream, None, status, text)
         finally:
             self._finish(stream, status, text)
@@ -718,9 +704,7 @@ class _Connection:
         status, text = Status.OK, ""
 
         async def send(message: bytes) -> None:
-            if len(message) > self.server.limits.max_message_bytes:
-                raise GrpcError(Status.RESOURCE_EXHAUSTED, "Sent message larger than max "
-                                f"({len(message)} vs. {self.server.limits.max_message_bytes})")
+            self._check_size(message)
             await self._send_message(stream, message)
 
         try:
@@ -729,22 +713,40 @@ class _Connection:
                 assert stream.method.stream is not None
                 await stream.method.stream(requests, send, stream.call)
             if scope.cancelled_caught:
-                status, text = (Status.CANCELLED, "cancelled") if stream.reset else (
-                    Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            await self._end(stream, None, status, text)
-        except GrpcError as exc:
-            status, text = exc.status, exc.message
-            stream.call.trailing.extend(exc.trailing)
+                status, text = self._cut_short(stream)
             await self._end(stream, None, status, text)
         except _Refused:
             status, text = Status.CANCELLED, "the connection ended the call"
         except Exception as exc:
-            log.exception("%s: %s failed", self.server.name, stream.call.method)
-            status, text = Status.UNKNOWN, f"Exception calling application: {exc}"
+            status, text = self._failure(stream, exc)
             await self._end(stream, None, status, text)
         finally:
             requests.close()
             self._finish(stream, status, text)
+
+    def _check_size(self, message: bytes) -> None:
+        limit = self.server.limits.max_message_bytes
+        if len(message) > limit:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, f"Sent message larger than max ({len(message)} vs. {limit})")
+
+    @staticmethod
+    def _cut_short(stream: _Stream) -> tuple[Status, str]:
+        """The status of a call whose task was cancelled: its client reset it, or its deadline passed."""
+        return (Status.CANCELLED, "cancelled") if stream.reset else (Status.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _failure(self, stream: _Stream, exc: BaseException) -> tuple[Status, str]:
+        """The status a call failing with ``exc`` ends with (a GrpcError's trailing metadata goes
+        with it; the method's ``failed`` turns other errors into one; anything else is UNKNOWN,
+        and logged)."""
+        if not isinstance(exc, Exception):  # never raised here: this may run in a commit's callback
+            return Status.CANCELLED, f"the call was cancelled ({type(exc).__name__})"
+        if not isinstance(exc, GrpcError) and stream.method.failed is not None:
+            exc = stream.method.failed(exc)
+        if isinstance(exc, GrpcError):
+            stream.call.trailing.extend(exc.trailing)
+            return exc.status, exc.message
+        log.error("%s: %s failed", self.server.name, stream.call.method, exc_info=exc)
+        return Status.UNKNOWN, f"Exception calling application: {exc}"
 
     def _finish(self, stream: _Stream, status: Status, text: str) -> None:
         self.server.calls -= 1
