@@ -41,6 +41,7 @@ windows, waiting for its window updates when a large answer (a 4 MiB pull) needs
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import logging
@@ -172,6 +173,7 @@ _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding"
 STREAM_WINDOW = 1 << 20  # what each call may send ahead of our reading it; acknowledged as read
 MAX_BUFFERED = 32 << 20  # bytes of unfinished request messages one connection may hold
 STREAM_QUEUE = 64  # request messages of a streaming call not yet read by its handler
+LINGER_S = 2.0  # after a GOAWAY that ends a connection, what the client still sends is read for this long
 SEND_TIMEOUT_S = 30.0  # a client that takes nothing we write for this long is dropped
 
 
@@ -339,6 +341,7 @@ class _Connection:
             except Http2Error as exc:
                 log.info("%s: HTTP/2 protocol error, connection closed: %s", self.server.name, exc)
                 await self.flush()
+                await self._linger()
                 return
             for event in events:
                 if self._break_after_flush:
@@ -356,10 +359,22 @@ class _Connection:
             if codec.out:
                 await self.flush()
             if self._break_after_flush:
+                await self._linger()
                 return
             if self.server._stopping:
                 self.server.quiet()
             data = await self._receive()
+
+    async def _linger(self) -> None:
+        """After a GOAWAY that ends the connection: stop writing, and read (and drop) what the
+        client still sends, for up to ``LINGER_S``. Closing a socket with unread input resets the
+        connection, and a client may then lose the GOAWAY that says why."""
+        if isinstance(self.stream, trio.SocketStream):
+            with contextlib.suppress(OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.stream.send_eof()
+        with trio.move_on_after(LINGER_S):
+            while await self._receive():
+                pass
 
     async def _receive(self) -> bytes:
         """The next bytes, waiting for them first (a checkpoint per chunk: fairness)."""

@@ -56,15 +56,19 @@ def _types(out: bytes) -> list[int]:
     return kinds
 
 
+PING_BACK = frame(6, 0x1, 0, b"fuzzdone")  # the server's answer to the PING that ends an example
+
+
 def send_frames(port: int, data: bytes) -> int:
-    """One connection: the preface, the frames, then read until the server closes or goes quiet."""
+    """One connection: the preface, the frames and a PING; then read until the PING's answer or
+    the connection's end (a GOAWAY first), whichever the frames led to."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(PREFACE + frame(4, 0, 0) + data)
-        sock.settimeout(0.2)
+        sock.sendall(PREFACE + frame(4, 0, 0) + data + frame(6, 0, 0, b"fuzzdone"))
+        received = b""
         try:
-            while sock.recv(65536):
-                pass
-        except (TimeoutError, ConnectionResetError):
+            while PING_BACK not in received and (chunk := sock.recv(65536)):
+                received += chunk
+        except ConnectionResetError:
             pass
     return 1
 
