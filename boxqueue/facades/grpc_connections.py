@@ -285,6 +285,7 @@ class GrpcServer:
 
     async def _connection(self, stream: trio.abc.Stream, peer: str) -> None:
         if self._stopping:
+            await trio.aclose_forcefully(stream)
             return
         connection = _Connection(self, stream)
         self._connections.add(connection)
@@ -472,13 +473,12 @@ class _Connection:
                     content_type = value
             else:
                 metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+        if server._stopping:  # the codec forgets it too: nothing of it is kept
+            self.codec.reset(sid, REFUSED_STREAM)
+            return
         call = Call(path.decode("latin-1"), metadata)
         stream = _Stream(sid, call, ended)
         self.streams[sid] = stream
-        if server._stopping:
-            self.codec.reset(sid, REFUSED_STREAM)
-            self._forget(stream)
-            return
         if not content_type.startswith(b"application/grpc"):
             self._answer_now(stream, Status.UNKNOWN, f"not a gRPC request (content-type {content_type!r})", http=b"415")
             return
