@@ -55,3 +55,4 @@ cdef class Space:
     cpdef list _entries(self, object fields, object pk)
     cpdef _check_unique(self, object txn, list entries, object pk_stored, object old_entries=*)
     cpdef _store(self, object txn, object raw, list new_entries, object old_entries)
+    cpdef tuple _changed_entries(self, list old_fields, list new_fields, object pk, object pk_stored)

@@ -388,16 +388,13 @@ class EngineBase:
         if counter is not None:
             tube.count(counter)
         header = task.header()
-        keep = queue_space.layout.header
-        if tail is None:
-            split = self.reader.split
-
-            def transform(old: bytes) -> bytes:
-                return encode_task(header, *split(old, keep))
+        space = queue_space.space
+        key = queue_space.layout.key(task)
+        if tail is None and len(header) == queue_space.layout.header:
+            write = space.prepare_head_rewrite(key, header)  # the stored data stays as it is
         else:
-
-            def transform(old: bytes) -> bytes:
-                return encode_task(header, *tail)
+            write = space.prepare_transform(key, _with_tail(header, tail) if tail is not None
+                                            else _keeping_tail(header, queue_space.layout.header, self.reader))
 
         later: Later[bytes] = Later()
 
@@ -419,7 +416,7 @@ class EngineBase:
             later.settle(raw)
 
         try:
-            self.committer.submit(queue_space.space.prepare_transform(queue_space.layout.key(task), transform), done)
+            self.committer.submit(write, done)
         except BaseException:
             self._undo_change(tube, task, counter, before, header)
             raise

@@ -161,6 +161,43 @@ def test_put_returns_the_task_and_select_shows_the_spec_layout(q, tube):
     assert q.conn.select(0, [tube, "t"], index="tube_status").data == [row]
 
 
+def test_every_index_follows_a_task_through_its_changes(q, tube):
+    """A change of a task rewrites its stored header in place (the data as stored) and moves only
+    the index entries whose parts changed: each index holds the task once, under its key now."""
+    other = q.task("put", 0, tube, 0, 0, 0, 0, "other")[0]  # a neighbour whose entries stay put
+    task_id = q.task("put", 0, tube, 0, 0, 0, 0, "payload", {"k": [1, 2.5]})[0]
+    indexes = {"tube_status": (1, 2, 4, 5), "tube_event": (1, 3), "put_unique": (1, 2, 12)}
+
+    def check() -> list:
+        (row,) = q.conn.select(0, [task_id]).data
+        assert row[12:] == ["payload", {"k": [1, 2.5]}]
+        for name, parts in indexes.items():
+            found = q.conn.select(0, [row[p] for p in parts], index=name).data
+            assert [r for r in found if r[0] == task_id] == [row], name
+            everything = [r[0] for r in q.conn.select(0, [tube], index=name).data]
+            assert sorted(everything) == sorted(ids), name
+        return row
+
+    ids = [task_id, other]
+    q.task("take", 0, tube, 0)  # the neighbour, put first
+    rows = [check()]
+    for fn, args in (("take", (tube, 0)), ("touch", (task_id,)), ("bury", (task_id,)), ("dig", (task_id,)),
+                     ("take", (tube, 0)), ("requeue", (task_id,)), ("delete", (other,)),
+                     ("take", (tube, 0)), ("release", (task_id, 60))):
+        q(fn, 0, *args)
+        if fn == "delete":
+            ids.remove(other)
+        rows.append(check())
+    statuses = [row[2] for row in rows]
+    assert statuses == ["r", "t", "t", "b", "r", "t", "r", "r", "t", "d"]
+    # Gone from the entries it had before: nothing under an earlier key but what is there now.
+    for before, after in itertools.pairwise(rows):
+        for name, parts in indexes.items():
+            if [before[p] for p in parts] != [after[p] for p in parts]:
+                found = q.conn.select(0, [before[p] for p in parts], index=name).data
+                assert task_id not in [r[0] for r in found], (name, before[2], after[2])
+
+
 @pytest.mark.parametrize("call_16", [False, True], ids=["call", "call16"])
 @pytest.mark.parametrize("prefix", ["box.queue.", "queue."])
 def test_every_function_under_both_names_and_both_calls(qserver, tube, prefix, call_16):
