@@ -124,36 +124,37 @@ class BoxQueue:
             ctx.on_disconnect(released)
         return sid
 
-    def _put_args(self, fn: str, delay: Any, ttl: Any, ttr: Any, pri: Any) -> dict[str, Any]:
-        """The put arguments in the engine's units; 0 or less means the tube's default (None)."""
+    def _put_args(self, fn: str, delay: Any, ttl: Any, ttr: Any, pri: Any) -> tuple[int, int | None, int | None, int]:
+        """The put arguments in the engine's units (delay, ttl, ttr, pri); 0 or less means the
+        tube's default (None)."""
         ttl_s = _number(ttl, "ttl", fn)  # checked in the 1.5 order: ttl, delay, ttr, pri (Q30)
         delay_s = _number(delay, "delay", fn)
         ttr_s = _number(ttr, "ttr", fn)
         pri_n = _number(pri, "pri", fn)
-        return {
-            "ttl": _us(ttl_s) if ttl_s > 0 else None,
-            "delay": _us(delay_s) if delay_s > 0 else 0,
-            "ttr": _us(ttr_s) if ttr_s > 0 else None,
-            "pri": _stored_pri(pri_n),
-        }
+        return (
+            _us(delay_s) if delay_s > 0 else 0,
+            _us(ttl_s) if ttl_s > 0 else None,
+            _us(ttr_s) if ttr_s > 0 else None,
+            _stored_pri(pri_n),
+        )
 
     # -- producers ---------------------------------------------------------------------------
 
     def put(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
             ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "put"), _tube(tube, "put")
-        args = self._put_args("put", delay, ttl, ttr, pri)
+        delay_us, ttl_us, ttr_us, stored_pri = self._put_args("put", delay, ttl, ttr, pri)
         # Only calls that succeed count (D9), in the step the task appears.
-        return self.engine.put(space_id, name, data=list(data), counter="put", kind=self.kind, **args).map(
-            self._returned(space_id))
+        return self.engine.put(space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=stored_pri, data=list(data),
+                               counter="put", kind=self.kind).map(self._returned(space_id))
 
     def urgent(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> Later[list[Any]]:
         space_id, name = self._space(space, "urgent"), _tube(tube, "urgent")
-        args = self._put_args("urgent", delay, ttl, ttr, pri)
-        ipri = None if args["delay"] > 0 else self.engine.urgent_ipri(self.engine.tube(space_id, name))
-        return self.engine.put(space_id, name, data=list(data), ipri=ipri, counter="urgent", kind=self.kind,
-                               **args).map(self._returned(space_id))
+        delay_us, ttl_us, ttr_us, stored_pri = self._put_args("urgent", delay, ttl, ttr, pri)
+        ipri = None if delay_us > 0 else self.engine.urgent_ipri(self.engine.tube(space_id, name))
+        return self.engine.put(space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=stored_pri, data=list(data),
+                               ipri=ipri, counter="urgent", kind=self.kind).map(self._returned(space_id))
 
     async def put_unique(self, ctx: CallContext, space: Any = None, tube: Any = None, delay: Any = None,
                          ttl: Any = None, ttr: Any = None, pri: Any = None, *data: Any) -> list[Any]:
@@ -161,8 +162,9 @@ class BoxQueue:
         _number(delay, "delay", "put_unique")
         if not data or data[0] is None:
             raise proc_error("Can not put unique task without data")
-        args = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
-        raw, _inserted = await self.engine.put_unique(space_id, name, data=list(data), kind=self.kind, **args)
+        delay_us, ttl_us, ttr_us, stored_pri = self._put_args("put_unique", delay, ttl, ttr, pri)  # the delay converted once (D4)
+        raw, _inserted = await self.engine.put_unique(space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us,
+                                                      pri=stored_pri, data=list(data), kind=self.kind)
         return self._returned(space_id)(raw)
 
     # -- consumers ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import cython
 import msgpack
 
 from boxqueue.spaces import msgpack_scan
@@ -181,18 +182,40 @@ class TupleReader:
         count, offsets = msgpack_scan.fields_at(raw, header)
         return max(count - header, 0), raw[offsets[header]:]
 
+    @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
+                   first=cython.Py_ssize_t, status_at=cython.Py_ssize_t, status_end=cython.Py_ssize_t,
+                   data=cython.Py_ssize_t, upto=cython.Py_ssize_t)
     def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
         """What the queue functions return: ``[id, tube, status name, data...]``: the id and the
-        tube as stored, the status by its name, the data fields as stored."""
-        count, offsets = msgpack_scan.fields_at(raw, data_at)
+        tube as stored, the status by its name, the data fields as stored. One walk over the
+        tuple's bytes (checked to its end, as :func:`msgpack_scan.fields_at` checks them)."""
+        count, first = msgpack_scan.array_start(raw)
+        if count < 0:
+            raise ValueError("not a msgpack array")
         if count < 3:
             raise ValueError("a task tuple has fewer than 3 fields")
-        status = raw[offsets[2]:offsets[3]]
+        upto = data_at
+        end = len(raw)
+        p = first
+        status_at = status_end = data = end
+        for i in range(count):
+            if i == 2:
+                status_at = p
+            elif i == 3:
+                status_end = p
+            if i == upto:
+                data = p
+            p = msgpack_scan.skip(raw, p, end)
+            if p < 0:
+                raise ValueError("a malformed msgpack array")
+        if p != end:
+            raise ValueError("bytes after the msgpack array")
+        status = raw[status_at:status_end]
         named = _PACKED_STATUS_NAMES.get(status)
         if named is None:
             value = unpack(status)
             named = pack(HUMAN.get(value, value))
-        return Raw(array_header(3 + max(count - data_at, 0)) + raw[offsets[0]:offsets[2]] + named + raw[offsets[data_at]:])
+        return Raw(b"".join((array_header(3 + max(count - upto, 0)), raw[first:status_at], named, raw[data:])))
 
 
 _PACKED_STATUS_NAMES = {pack(status): pack(name) for status, name in HUMAN.items()}

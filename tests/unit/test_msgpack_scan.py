@@ -55,6 +55,13 @@ def test_split_and_rettask():
     assert msgpack.unpackb(reader.rettask(unknown)) == ["id", "tube", "zz"]  # an unknown status as stored
     with pytest.raises(ValueError):
         reader.rettask(msgpack.packb(["id", "tube"]))
+    # Exactly three fields; the data from the tube layout's place (14); the tuple checked to its end.
+    assert msgpack.unpackb(reader.rettask(msgpack.packb(["id", "tube", "b"]))) == ["id", "tube", "buried"]
+    tube_layout = msgpack.packb([*header, {"a": 1}, {"b": 2}, "d1", "d2"])
+    assert msgpack.unpackb(reader.rettask(tube_layout, 14)) == ["a" * 32, "tube", "taken", "d1", "d2"]
+    for bad in (raw + b"\x01", raw[:-1], b"\x81\x01\x02", b""):
+        with pytest.raises(ValueError):
+            reader.rettask(bad)
 
 
 @pytest.mark.parametrize("value", [
