@@ -218,9 +218,14 @@ def _pack_with_pairs(value: Any) -> bytes:
     return _packer.pack(value)
 
 
+# The one-byte headers of arrays of fewer than 16 items, made once (every reply and rewritten task
+# tuple asks for one).
+_FIXARRAY_HEADERS = tuple(bytes([0x90 | n]) for n in range(16))
+
+
 def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes([0x90 | n])
+    if 0 <= n < 16:
+        return _FIXARRAY_HEADERS[n]
     if n < 0x10000:
         return b"\xdc" + struct.pack(">H", n)
     return b"\xdd" + struct.pack(">I", n)
@@ -247,7 +252,9 @@ def pack_array(values: list[Any] | tuple[Any, ...]) -> bytes:
     """Encode a list whose items may be (or contain) :class:`Raw` pieces."""
     for v in values:
         if type(v) not in _PLAIN:
-            return _array_header(len(values)) + b"".join(_pack_item(v) for v in values)
+            if len(values) == 1 and type(v) is Raw:  # a call's one stored tuple (box.queue's answers)
+                return _FIXARRAY_HEADERS[1] + v
+            return _array_header(len(values)) + b"".join([_pack_item(v) for v in values])
     return _packer.pack(values)
 
 

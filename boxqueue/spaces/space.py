@@ -488,7 +488,8 @@ class Space:
             if keys.stored_form(pk) != pk_stored:
                 raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, self.primary.name, self.name)
             self.check_tuple(new_fields)
-            new_raw = array_header(count) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
+            packed = pack(head)  # its own array header (1, 3 or 5 bytes) gives way to the tuple's
+            new_raw = array_header(count) + packed[1 if n < 16 else 3 if n < 0x10000 else 5:] + raw[offsets[n]:]
             new_entries, old_entries = self._changed_entries(fields, new_fields, pk, pk_stored)
             self._check_unique(txn, new_entries, pk_stored, old_entries)
             self._store(txn, new_raw, new_entries, old_entries)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boxqueue.spaces import msgpack_scan
+from boxqueue.spaces.msgpack_values import Raw, array_header, pack_array
 from boxqueue.tubes.task import TupleReader
 
 scalars = st.one_of(
@@ -74,3 +75,24 @@ def test_16_and_32_bit_sizes(value):
     count, offsets = msgpack_scan.fields_at(raw, 2)
     assert count == 2 and raw[offsets[1]:offsets[2]] == b"\x01" and offsets[2] == len(raw)
     assert msgpack_scan.skip(raw, offsets[0], offsets[1] - 1) == -1  # one byte short: refused
+
+
+@pytest.mark.parametrize("values", [
+    [], [1, "a"], [Raw(msgpack.packb(["t", 1]))], [Raw(msgpack.packb([1])), 2, [Raw(msgpack.packb("x"))]],
+    [Raw(msgpack.packb(i)) for i in range(20)], list(range(70_000)),
+])
+def test_pack_array_embeds_raw_pieces(values):
+    """A list with msgpack pieces in it (a call's stored tuples) packs as if they were decoded."""
+    def plain(v):
+        if isinstance(v, Raw):
+            return msgpack.unpackb(v)
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    assert msgpack.unpackb(pack_array(values), strict_map_key=False) == [plain(v) for v in values]
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 0xFFFF, 0x10000])
+def test_array_headers(n):
+    header = array_header(n)
+    assert len(header) == (1 if n < 16 else 3 if n < 0x10000 else 5)
+    assert msgpack.unpackb(header + b"\x01" * n) == [1] * n
