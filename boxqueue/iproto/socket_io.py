@@ -21,19 +21,29 @@ class DirectSocket:
     def __init__(self, stream: trio.SocketStream) -> None:
         self._sock = socket.socket(fileno=stream.socket.fileno())
         self._sock.setblocking(False)
+        self.missed = False  # the last receive found nothing to read at first
 
     async def receive(self, max_bytes: int) -> bytes:
         sock = self._sock
+        try:
+            data = sock.recv(max_bytes)
+        except BlockingIOError:
+            self.missed = True
+        else:
+            self.missed = False
+            return data
         while True:
+            await trio.lowlevel.wait_readable(sock)
             try:
                 return sock.recv(max_bytes)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                pass
 
     async def receive_when_ready(self, max_bytes: int) -> bytes:
         """:meth:`receive` after the last read emptied the socket: wait for data first, rather
         than try a read that would fail (a system call and an exception saved per request when
-        clients send one request at a time). The wait is a checkpoint."""
+        clients send one request at a time; ``missed`` tells the caller when that is so). The
+        wait is a checkpoint."""
         await trio.lowlevel.wait_readable(self._sock)
         return await self.receive(max_bytes)
 
@@ -70,6 +80,7 @@ class StreamIO:
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
+        self.missed = False  # not known: every call goes through trio
 
     async def receive(self, max_bytes: int) -> bytes:
         try:
