@@ -56,3 +56,4 @@ cdef class Space:
     cpdef _check_unique(self, object txn, list entries, object pk_stored, object old_entries=*)
     cpdef _store(self, object txn, object raw, list new_entries, object old_entries)
     cpdef tuple _changed_entries(self, list old_fields, list new_fields, object pk, object pk_stored)
+    cpdef bytes _rewrite(self, object txn, object pk_stored, list fields, list new_fields, object new_raw)

@@ -455,18 +455,8 @@ class Space:
         like any replace (format, unique indexes, unchanged primary key). ``None`` if no tuple."""
 
         def rewrite(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
-            primary = self._primary()
             new_raw = transform(raw)
-            new_fields = decode_tuple(new_raw)
-            pk = keys.encode(primary.key_of(new_fields))
-            if keys.stored_form(pk) != pk_stored:
-                raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
-            self.check_tuple(new_fields)
-            new_entries = self._entries(new_fields, pk)
-            old_entries = self._entries(fields, pk)
-            self._check_unique(txn, new_entries, pk_stored, old_entries)
-            self._store(txn, new_raw, new_entries, old_entries)
-            return new_raw
+            return self._rewrite(txn, pk_stored, fields, decode_tuple(new_raw), new_raw)
 
         return self._prepare_by_key(0, key, rewrite)
 
@@ -477,25 +467,33 @@ class Space:
         work: the new tuple is not decoded, and only the index entries whose parts changed are
         computed. ``None`` if no tuple."""
 
-        @cython.locals(n=cython.Py_ssize_t, count=cython.Py_ssize_t)
+        @cython.locals(n=cython.Py_ssize_t)
         def rewrite(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
             n = len(head)
-            count, offsets = msgpack_scan.fields_at(raw, n)
-            if count < n:
-                raise BoxError(ER.PROC_LUA, f"a stored tuple has fewer than {n} fields")
+            _count, offsets = msgpack_scan.fields_at(raw, n)  # offsets[n]: where the kept fields start
             new_fields = head + fields[n:]
-            pk = keys.encode(self.primary.key_of(new_fields))
-            if keys.stored_form(pk) != pk_stored:
-                raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, self.primary.name, self.name)
-            self.check_tuple(new_fields)
-            packed = pack(head)  # its own array header (1, 3 or 5 bytes) gives way to the tuple's
-            new_raw = array_header(count) + packed[1 if n < 16 else 3 if n < 0x10000 else 5:] + raw[offsets[n]:]
-            new_entries, old_entries = self._changed_entries(fields, new_fields, pk, pk_stored)
-            self._check_unique(txn, new_entries, pk_stored, old_entries)
-            self._store(txn, new_raw, new_entries, old_entries)
-            return new_raw
+            # The head's own array header gives way to the whole tuple's.
+            new_raw = array_header(len(new_fields)) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
+            return self._rewrite(txn, pk_stored, fields, new_fields, new_raw)
 
         return self._prepare_by_key(0, key, rewrite)
+
+    def _rewrite(self, txn: lmdb.Transaction, pk_stored: bytes, fields: list[Any], new_fields: list[Any],
+                 new_raw: bytes | None) -> bytes:
+        """Store ``new_fields`` (packed as ``new_raw``, or here once checked when None) in place of
+        the tuple ``fields`` stored under ``pk_stored``: the primary key unchanged, the format and
+        the unique indexes checked, only the index entries that change moved."""
+        primary = self._primary()
+        pk = keys.encode(primary.key_of(new_fields))
+        if keys.stored_form(pk) != pk_stored:
+            raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+        self.check_tuple(new_fields)
+        if new_raw is None:
+            new_raw = pack(new_fields)
+        new_entries, old_entries = self._changed_entries(fields, new_fields, pk, pk_stored)
+        self._check_unique(txn, new_entries, pk_stored, old_entries)
+        self._store(txn, new_raw, new_entries, old_entries)
+        return new_raw
 
     @cython.locals(index=Index, f=cython.Py_ssize_t, changed=cython.bint)
     def _changed_entries(
@@ -503,7 +501,8 @@ class Space:
     ) -> tuple[list[tuple[Index, bytes, bool]], list[tuple[Index, bytes, bool]]]:
         """The entries of the new and the old tuple (same primary key) in the indexes where a
         part's value changed, primary first (as :meth:`_store` takes them); an index whose parts
-        kept their values, type included, keeps its entry."""
+        kept their values, type included, keeps its entry (equal values of one type encode to the
+        same key: numbers by value, ``storage/keys.py``)."""
         primary_entry = (self.primary, pk_stored, True)
         new_entries = [primary_entry]
         old_entries = [primary_entry]
@@ -607,18 +606,8 @@ class Space:
         ops: list[UpdateOp],
         skip_errors: bool = False,
     ) -> bytes:
-        primary = self._primary()
         new_fields = apply_ops(fields, ops, self.field_names, skip_errors=skip_errors)
-        pk = keys.encode(primary.key_of(fields))
-        if keys.encode(primary.key_of(new_fields)) != pk:
-            raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
-        self.check_tuple(new_fields)
-        raw = pack(new_fields)
-        new_entries = self._entries(new_fields, pk)
-        old_entries = self._entries(fields, pk)
-        self._check_unique(txn, new_entries, pk_stored, old_entries)
-        self._store(txn, raw, new_entries, old_entries)
-        return raw
+        return self._rewrite(txn, pk_stored, fields, new_fields, None)
 
     @cython.locals(i=cython.Py_ssize_t)
     def _check_unique(

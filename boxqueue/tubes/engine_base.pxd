@@ -25,7 +25,6 @@ cdef class EngineBase:
     cdef public object hooks
     cdef public object _random
     cdef public object _upserting
-    cdef public object reader
     cdef public object tallies
     cdef public object forgotten
     cdef dict __dict__

@@ -37,7 +37,6 @@ from boxqueue.tubes.task import (
     TUBE_KEY,
     Layout,
     Task,
-    TupleReader,
     encode_task,
 )
 from boxqueue.tubes.tube import TALLIES, Remains, Tube, tally_of
@@ -158,7 +157,6 @@ class EngineBase:
         self.hooks: list[ChangeHook] = []
         self._random = random.Random()  # task ids: seeded from os.urandom
         self._upserting: dict[tuple[int, str, str], trio.Event] = {}
-        self.reader = TupleReader()  # on the event loop only, like everything here
         self.tallies: dict[int, list[int]] = {}  # per space: the sum of its tubes' tallies, never reset
         # (space id, tube) -> the counters of a forgotten tube, oldest first (bounded)
         self.forgotten: OrderedDict[tuple[int, str], Remains] = OrderedDict()
@@ -388,13 +386,7 @@ class EngineBase:
         if counter is not None:
             tube.count(counter)
         header = task.header()
-        space = queue_space.space
-        key = queue_space.layout.key(task)
-        if tail is None and len(header) == queue_space.layout.header:
-            write = space.prepare_head_rewrite(key, header)  # the stored data stays as it is
-        else:
-            write = space.prepare_transform(key, _with_tail(header, tail) if tail is not None
-                                            else _keeping_tail(header, queue_space.layout.header, self.reader))
+        write = _rewrite(queue_space, task, header, tail)
 
         later: Later[bytes] = Later()
 
@@ -479,7 +471,6 @@ class EngineBase:
         Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
         the deletes are tasks whose ttl ended."""
         space, layout = queue_space.space, queue_space.layout
-        keep = layout.header
         done_changes: list[tuple[Task, list[Any], list[Any]]] = []
         writes: list[Callable[[lmdb.Transaction], Any]] = []
         counted = list(counters)
@@ -492,11 +483,7 @@ class EngineBase:
             self._enter(tube, task)
             header = task.header()
             done_changes.append((task, before, header))
-            if tail is None:
-                transform = _keeping_tail(header, keep, self.reader)
-            else:
-                transform = _with_tail(header, tail)
-            writes.append(space.prepare_transform(layout.key(task), transform))
+            writes.append(_rewrite(queue_space, task, header, tail))
         deleted = [t for t in deletes if tube.tasks.get(t.id) is t]
         for task in deleted:
             self._remove(tube, task)
@@ -641,13 +628,14 @@ def created_of(task: Task) -> int:
     return task.created
 
 
-def _keeping_tail(header: list[Any], keep: int, reader: TupleReader) -> Callable[[bytes], bytes]:
-    split = reader.split
-
-    def transform(old: bytes) -> bytes:
-        return encode_task(header, *split(old, keep))
-
-    return transform
+def _rewrite(queue_space: QueueSpace, task: Task, header: list[Any], tail: Tail | None) -> Callable[[lmdb.Transaction], Any]:
+    """The write of a changed task: its stored header replaced and what follows it kept as stored
+    (the header holds ``attrs`` in the tube layout, so it is the layout's whole kept part), or,
+    with ``tail``, the tuple made again from the header and the new tail."""
+    key = queue_space.layout.key(task)
+    if tail is None:
+        return queue_space.space.prepare_head_rewrite(key, header)
+    return queue_space.space.prepare_transform(key, _with_tail(header, tail))
 
 
 def _with_tail(header: list[Any], tail: Tail) -> Callable[[bytes], bytes]:

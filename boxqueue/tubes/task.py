@@ -174,13 +174,8 @@ class Task:
 
 
 class TupleReader:
-    """Splits stored task tuples by walking their msgpack bytes (``boxqueue.spaces.msgpack_scan``, compiled):
-    no field is decoded but the status a reply names."""
-
-    def split(self, raw: bytes, header: int = HEADER_FIELDS) -> tuple[int, bytes]:
-        """How many fields the tuple has past ``header``, and their bytes as stored."""
-        count, offsets = msgpack_scan.fields_at(raw, header)
-        return max(count - header, 0), raw[offsets[header]:]
+    """Turns stored task tuples into replies by walking their msgpack bytes (``boxqueue.spaces.msgpack_scan``,
+    compiled): no field is decoded but the status a reply names."""
 
     @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
                    first=cython.Py_ssize_t, status_at=cython.Py_ssize_t, status_end=cython.Py_ssize_t,

@@ -1,5 +1,5 @@
 """boxqueue.spaces.msgpack_scan: offsets found by walking msgpack bytes agree with msgpack's own decoding,
-and malformed arrays are refused; tubes.task's split and rettask built on it."""
+and malformed arrays are refused; tubes.task's rettask built on it."""
 
 from __future__ import annotations
 
@@ -45,12 +45,10 @@ def test_malformed_arrays_are_refused(raw):
         msgpack_scan.fields_at(raw, 3)
 
 
-def test_split_and_rettask():
+def test_rettask():
     reader = TupleReader()
     header = ["a" * 32, "tube", "t", 1, 2, 3, 4, 5, 6, 7, 8, 9]
     raw = msgpack.packb([*header, "data", {"k": [1, 2]}])
-    count, tail = reader.split(raw)
-    assert count == 2 and msgpack.unpackb(b"\x92" + tail) == ["data", {"k": [1, 2]}]
     assert msgpack.unpackb(reader.rettask(raw)) == ["a" * 32, "tube", "taken", "data", {"k": [1, 2]}]
     unknown = msgpack.packb(["id", "tube", "zz", 1])
     assert msgpack.unpackb(reader.rettask(unknown)) == ["id", "tube", "zz"]  # an unknown status as stored
