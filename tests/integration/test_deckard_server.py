@@ -3,6 +3,7 @@ reflection, the wire contract, bad input and configuration."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from boxqueue.facades.deckard.generated import deckard_service_pb2_grpc as pb_grpc
+from boxqueue.facades.deckard.server import GRACE_S
 from tests.integration.deckard_fixtures import Deckard, DeckardServer, pb, queue_name
 from tests.integration.test_metrics import delta, scrape
 from tests.serverproc import ROOT, free_port
@@ -109,6 +111,42 @@ def test_health_reports_serving(dk):
     with pytest.raises(grpc.RpcError) as err:
         health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_watch_sends_the_status_at_once(dk):
+    """Watch answers with the current status without waiting for a change, SERVICE_UNKNOWN for a
+    service the server does not know (as grpcio's HealthServicer), and keeps the stream open."""
+    health = health_pb2_grpc.HealthStub(dk.channel)
+    for service, status in (("", health_pb2.HealthCheckResponse.SERVING),
+                            ("blipai.deckard.Deckard", health_pb2.HealthCheckResponse.SERVING),
+                            ("no.such.Service", health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)):
+        stream = health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
+        try:
+            assert next(stream).status == status, service
+            assert stream.is_active()  # nothing changed: the stream waits for the next status
+        finally:
+            stream.cancel()
+
+
+def test_health_watch_reports_not_serving_when_the_server_stops(tmp_path):
+    """A watcher hears NOT_SERVING as soon as the server begins to stop (SIGTERM), before the
+    calls' grace period ends; when it leaves, the server stops without waiting out that grace."""
+    srv = DeckardServer.create(tmp_path / "srv")
+    client = srv.start()
+    try:
+        health = health_pb2_grpc.HealthStub(client.channel)
+        stream = health.Watch(health_pb2.HealthCheckRequest(service="blipai.deckard.Deckard"), timeout=60)
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        srv.proc.proc.send_signal(signal.SIGTERM)
+        asked_to_stop = time.monotonic()
+        assert next(stream).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert time.monotonic() - asked_to_stop < GRACE_S  # not the grace period's end
+        stream.cancel()
+        assert srv.proc.proc.wait(timeout=60) == 0
+        assert time.monotonic() - asked_to_stop < GRACE_S + 10  # the watcher's leaving ended the grace
+    finally:
+        client.close()
+        srv.proc.stop()
 
 
 @pytest.mark.parametrize("version", ["v1alpha", "v1"])
