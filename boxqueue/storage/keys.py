@@ -125,7 +125,7 @@ def _encode_str(value: str) -> bytes:
 
 _C_SIGN = cython.declare(cython.ulonglong, 1 << 63)
 _MASK52 = cython.declare(cython.ulonglong, (1 << 52) - 1)
-_UINT_KEY_TEMPLATE = b"\x20" + bytes(8) + b"\x00"  # the number tag, the sortable double, no remainder
+_UINT_KEY = struct.Struct(">BQx")  # the number tag, the sortable double, no remainder
 
 
 @cython.cfunc
@@ -148,12 +148,9 @@ def _double_bits(v: cython.ulonglong) -> cython.ulonglong:
 
 @cython.cfunc
 def _computed_uint_key(v: cython.ulonglong) -> bytes:
-    bits: cython.ulonglong = _double_bits(v) | _C_SIGN
-    out: bytearray = bytearray(_UINT_KEY_TEMPLATE)
-    i: cython.int
-    for i in range(8):
-        out[1 + i] = (bits >> (56 - 8 * i)) & 0xFF
-    return bytes(out)
+    # One struct call makes the key's bytes (a bytearray filled a byte at a time cost about
+    # 1,000 instructions a key; event times in microseconds all come this way).
+    return _UINT_KEY.pack(0x20, _double_bits(v) | _C_SIGN)
 
 
 # Priorities, counters and small ids recur in most keys.
