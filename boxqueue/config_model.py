@@ -808,10 +808,12 @@ class ReplicationConfig(Section):
     )
     synchro_quorum: Count = Field(
         default_factory=_majority, description="members (the leader counted) that must hold a write "
-        "before its client is answered; absent: a majority of `peers`; 1 = asynchronous"
+        "before its client is answered: a majority of `peers` or more (absent: a majority), or 1 = "
+        "asynchronous (a failover may lose the last writes acknowledged)"
     )
     synchro_timeout_s: Seconds = Field(
-        5.0, ge=0.01, description="after it, a write no quorum holds fails with ER_SYNC_QUORUM_TIMEOUT (216)"
+        5.0, ge=0.01, description="a write no quorum holds after it is answered ER_SYNC_QUORUM_TIMEOUT (216, "
+        "outcome unknown) and the leader resigns; so does a leader whose quorum's followers are silent that long"
     )
     heartbeat_s: Seconds = Field(1.0, ge=0.01, description="a peer silent for four heartbeats is lost")
     user: Text | None = Field(None, description="a `[[users]]` entry (or admin) the peers log in as; absent: guest")
@@ -835,6 +837,14 @@ class ReplicationConfig(Section):
         if self.synchro_quorum > len(self.peers):
             raise problem(
                 f"replication.synchro_quorum {self.synchro_quorum} is more than the {len(self.peers)} peers",
+                "synchro_quorum",
+            )
+        majority = len(self.peers) // 2 + 1
+        if 1 < self.synchro_quorum < majority:
+            # Two quorums that do not meet could each confirm writes the other's leader lacks.
+            raise problem(
+                f"replication.synchro_quorum {self.synchro_quorum} is less than a majority of the "
+                f"{len(self.peers)} peers ({majority}); use {majority} or more, or 1 for asynchronous",
                 "synchro_quorum",
             )
         if self.user is not None and self.password is None:

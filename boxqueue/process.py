@@ -371,6 +371,11 @@ class Server:
                 async with trio.open_nursery() as engine_nursery:
                     if role != FOLLOWER:
                         await engine_nursery.start(engine.run)
+                        await self._open_zaqar_queues()
+                    if leading is not None:
+                        # Before any listener or facade opens: no client write is answered
+                        # without the quorum (the start-up writes above answered no client).
+                        await leading.start_quorum(root)
                     if self.handle_signals and role == ALONE:
                         engine_nursery.start_soon(self._watch_signals)
                     async with trio.open_nursery() as facades:
@@ -381,8 +386,6 @@ class Server:
                                 async with trio.open_nursery() as listeners:
                                     await self._start_listeners(listeners, connections, iproto, console,
                                                                 engine=role != FOLLOWER)
-                                    if leading is not None:
-                                        await leading.start_quorum(root)
                                     observed.state = READY
                                     log.info("boxqueue is ready" if role == ALONE else f"boxqueue is ready, as {role}")
                                     task_status.started(self.ports)
@@ -496,15 +499,21 @@ class Server:
             )
         return stopping.set
 
-    async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> Callable[[], None]:
-        """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
-        stopping = trio.Event()
-        zaqar = self.config.zaqar
-        if zaqar is not None and self.zaqar_space is not None:
+    async def _open_zaqar_queues(self) -> None:
+        """Zaqar's queues and pools, with the writes opening them makes: a start-up write, done
+        before a leader's quorum is installed (no client waits on it)."""
+        if self.config.zaqar is not None and self.zaqar_space is not None:
             assert self.catalog is not None
             pools = PoolCatalog(self.catalog, connect=self._connect_pool)
             queues = self.zaqar_queues = ZaqarQueues(self.engine, self.zaqar_space, self.engine.kinds["zaqar"], pools)
             await queues.open()
+
+    async def _start_facades(self, engine_nursery: trio.Nursery, facades: trio.Nursery) -> Callable[[], None]:
+        """Start the HTTP facades; returns what stops them gracefully (answering long-polls)."""
+        stopping = trio.Event()
+        zaqar = self.config.zaqar
+        queues = self.zaqar_queues
+        if zaqar is not None and queues is not None:
             self.ports.extra["zaqar"] = await facades.start(
                 lambda task_status: serve_zaqar(
                     queues,

@@ -156,6 +156,9 @@ class Applier:
             acks: trio.MemorySendChannel[int]
             acks, ack_receiver = trio.open_memory_channel[int](1 << 16)
             nursery.start_soon(self._send_acks, stream, ack_receiver, nursery.cancel_scope)
+            # What we hold durably, at once: the leader counts no more than an acknowledgement
+            # says (our SUBSCRIBE's position may name records not flushed yet).
+            acks.send_nowait(self.storage.synced_lsn)
             nursery.start_soon(self._reload_catalog)
             while True:
                 row = await _next_row(stream, decoder, 4 * self.heartbeat_s)
@@ -175,9 +178,9 @@ class Applier:
                         self.upstream.lag = max(time.time() - stamp, 0.0)
                     self.upstream.leader_lsn = max(self.upstream.leader_lsn, row.lsn)
                     self._submit(row.lsn, term, row.body.get(rows.DATA, b""), acks)
-                elif row.type == rows.OK:  # a heartbeat: say where we are
+                elif row.type == rows.OK:  # a heartbeat: say what we hold durably
                     self.upstream.lag = 0.0 if self.storage.lsn >= self.upstream.leader_lsn else self.upstream.lag
-                    acks.send_nowait(self.storage.lsn)
+                    acks.send_nowait(self.storage.synced_lsn)
 
     def _submit(self, lsn: int, term: int, payload: bytes, acks: trio.MemorySendChannel[int]) -> None:
         catalog_changed = any(op[1] == CATALOG_DB for op in decode(payload))

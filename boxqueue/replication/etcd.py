@@ -19,6 +19,22 @@ from typing import Any, Literal
 import httpx
 
 
+class _Unserved(Exception):
+    """A member failed a request it may have applied (it timed out, or cannot serve now)."""
+
+    def __init__(self, error: EtcdError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Unreachable(Exception):
+    """No endpoint could be connected to."""
+
+    def __init__(self, error: EtcdError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class EtcdError(Exception):
     """etcd refused a request, answered something that is not the gateway's JSON, or no endpoint
     could be reached. ``code`` is the gRPC status code of a refusal (5: not found), else None."""
@@ -77,12 +93,30 @@ def _refusal(what: str, error: Any, code: Any) -> EtcdError:
     return EtcdError(f"{what}: {error} (code {code})", code if isinstance(code, int) else None)
 
 
+# gRPC codes with which an etcd member says it cannot serve now (no raft leader, a minority
+# side of a partition, overloaded): the next call goes to another endpoint.
+UNAVAILABLE_CODES = frozenset({4, 8, 14})  # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """etcd's range_end for every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end and end[-1] == 0xFF:
+        end.pop()
+    if not end:
+        return b"\0"
+    end[-1] += 1
+    return bytes(end)
+
+
 class EtcdClient:
     """One connection pool over a list of endpoints ("host:port"), used in order.
 
-    A call moves on to the next endpoint only when it could not connect to one: a request that
-    reached etcd may have been applied (a grant, a txn) even if its answer was lost, so it is not
-    sent again; it fails with :class:`EtcdError`, and the next call starts at the next endpoint.
+    A call moves on to the next endpoint when it could not connect to one. A member that answers
+    but cannot serve (it timed out, or said it has no leader: a minority member behind a
+    partition) is left for the next endpoint too: a read (``idempotent``) is sent there at once;
+    a request that may have been applied (a grant, a txn) is not sent again, it fails with
+    :class:`EtcdError`, and the next call starts at the next endpoint.
     """
 
     def __init__(self, endpoints: list[str], timeout: float) -> None:
@@ -119,20 +153,50 @@ class EtcdClient:
             except httpx.HTTPError as exc:
                 self._current = (self._current + 1) % len(self._urls)
                 raise EtcdError(f"{path} on {url}: {type(exc).__name__} {exc}") from exc
-        raise EtcdError(f"{path}: no etcd endpoint reachable ({'; '.join(unreachable)})")
+        raise _Unreachable(EtcdError(f"{path}: no etcd endpoint reachable ({'; '.join(unreachable)})"))
 
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url, response = await self._send(path, body)
+    async def _call(self, path: str, body: dict[str, Any], idempotent: bool = False) -> dict[str, Any]:
+        """One request; an ``idempotent`` one (a read, a keepalive) is sent to the next endpoint
+        when one fails it, until each has been tried."""
+        tries = len(self._urls) if idempotent else 1
+        while True:
+            tries -= 1
+            try:
+                return await self._call_once(path, body)
+            except _Unserved as exc:
+                if tries <= 0:
+                    raise exc.error from None
+
+    async def _call_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            url, response = await self._send(path, body)
+        except _Unreachable as exc:
+            raise exc.error from None  # every endpoint was tried
+        except EtcdError as exc:  # it reached a member that did not answer in time
+            raise _Unserved(exc) from None
         what = f"{path} on {url}"
         try:
             answer = response.json()
         except ValueError:
             answer = None
         if isinstance(answer, dict) and "error" in answer:
-            raise _refusal(what, answer["error"], answer.get("code"))
+            error = _refusal(what, answer["error"], answer.get("code"))
+            if error.code in UNAVAILABLE_CODES or response.status_code >= 500:
+                self._move_on(url)
+                raise _Unserved(error)
+            raise error
         if response.status_code != 200 or not isinstance(answer, dict):
-            raise EtcdError(f"{what}: HTTP {response.status_code} {response.text[:200]!r}")
+            error = EtcdError(f"{what}: HTTP {response.status_code} {response.text[:200]!r}")
+            if response.status_code >= 500:
+                self._move_on(url)
+                raise _Unserved(error)
+            raise error
         return answer
+
+    def _move_on(self, url: str) -> None:
+        """``url`` answered but cannot serve: the next call starts at the next endpoint."""
+        if self._urls[self._current] == url:
+            self._current = (self._current + 1) % len(self._urls)
 
     # leases
 
@@ -145,7 +209,7 @@ class EtcdClient:
         """Renews the lease; returns its TTL in seconds, 0 once it has lapsed or been revoked
         (the gateway answers a missing lease with TTL 0, not an error)."""
         # a stream RPC: the gateway wraps its one answer in {"result": ...}
-        answer = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
+        answer = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)}, idempotent=True)
         return int(answer.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease_id: int) -> None:
@@ -155,9 +219,21 @@ class EtcdClient:
     # keys
 
     async def get(self, key: bytes) -> KeyValue | None:
-        answer = await self._call("/v3/kv/range", {"key": _b64(key)})
+        return (await self.read(key))[0]
+
+    async def read(self, key: bytes) -> tuple[KeyValue | None, int]:
+        """The key (None if absent) and the store's revision when it was read."""
+        answer = await self._call("/v3/kv/range", {"key": _b64(key)}, idempotent=True)
         kvs = answer.get("kvs", [])
-        return _kv(kvs[0], _revision(answer)) if kvs else None
+        revision = _revision(answer)
+        return (_kv(kvs[0], revision) if kvs else None), revision
+
+    async def read_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
+        """Every key starting with ``prefix``, and the store's revision when they were read."""
+        answer = await self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))},
+                                  idempotent=True)
+        revision = _revision(answer)
+        return [_kv(raw, revision) for raw in answer.get("kvs", [])], revision
 
     async def put(self, key: bytes, value: bytes, lease_id: int | None = None) -> int:
         """Returns the revision of the write."""
@@ -170,13 +246,18 @@ class EtcdClient:
         return int(answer.get("deleted", 0)) > 0
 
     async def create_if_absent(self, key: bytes, value: bytes, lease_id: int | None = None,
-                               ) -> tuple[bool, int]:
-        """Puts the key only if it does not exist, in one txn. Returns whether this call created
-        it and the key's create_revision: ours when we won, the holder's when we lost. The
-        create_revision only grows from one holder to the next, which makes it a term."""
+                               unchanged: dict[bytes, int] | None = None) -> tuple[bool, int]:
+        """Puts the key only if it does not exist (and every key of ``unchanged`` still has the
+        mod_revision given), in one txn. Returns whether this call created it and the key's
+        create_revision: ours when we won, the holder's when we lost, 0 when the key is absent
+        but one of ``unchanged`` changed. The create_revision only grows from one holder to the
+        next, which makes it a term."""
         k = _b64(key)
+        compare = [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+        compare += [{"key": _b64(other), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod)}
+                    for other, mod in (unchanged or {}).items()]
         answer = await self._call("/v3/kv/txn", {
-            "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "compare": compare,
             "success": [{"request_put": {"key": k, "value": _b64(value),
                                          "lease": str(lease_id or 0)}}],
             "failure": [{"request_range": {"key": k}}],
@@ -184,9 +265,7 @@ class EtcdClient:
         if answer.get("succeeded", False):
             return True, _revision(answer)  # a txn's writes all happen at its revision
         kvs = answer["responses"][0]["response_range"].get("kvs", [])
-        if not kvs:  # cannot happen: the compare and the range see the same revision
-            raise EtcdError(f"/v3/kv/txn: {key!r} exists and does not: {answer}")
-        return False, int(kvs[0]["create_revision"])
+        return False, int(kvs[0]["create_revision"]) if kvs else 0
 
     async def delete_if(self, key: bytes, create_revision: int) -> bool:
         """Deletes the key only while it is still the incarnation created at ``create_revision``:
@@ -201,17 +280,23 @@ class EtcdClient:
 
     # watch
 
-    async def watch(self, key: bytes, start_revision: int | None = None,
+    async def watch(self, key: bytes, start_revision: int | None = None, prefix: bool = False,
                     ) -> AsyncGenerator[WatchEvent, None]:
-        """The key's changes from ``start_revision`` (else from now), as long as the consumer
+        """The key's changes (every key's under it, with ``prefix``) from ``start_revision`` (else
+        from now), as long as the consumer
         iterates. Cancelling the consumer closes the stream; a consumer that stops early by
         ``break`` should hold the iterator in ``contextlib.aclosing`` so it closes at once.
         No task is started: the stream is read in the consumer's own task. A watch that etcd
         ends (a compacted start_revision, the server going away) raises EtcdError."""
         create: dict[str, Any] = {"key": _b64(key)}
+        if prefix:
+            create["range_end"] = _b64(_prefix_end(key))
         if start_revision is not None:
             create["start_revision"] = str(start_revision)
-        url, response = await self._send("/v3/watch", {"create_request": create}, stream=True)
+        try:
+            url, response = await self._send("/v3/watch", {"create_request": create}, stream=True)
+        except _Unreachable as exc:
+            raise exc.error from None
         what = f"/v3/watch on {url}"
         try:
             if response.status_code != 200:

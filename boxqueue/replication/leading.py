@@ -4,10 +4,12 @@ Before any write: the committer's records feed the relays' history (``committer.
 log keeps what followers still need (``committer.keep_from``); the iproto dispatcher hands
 JOIN and SUBSCRIBE connections to the relays. The first record of the term notes when the term
 began (the terms history, replicated like any data, which a follower's SUBSCRIBE is checked
-against). Once the listeners are up (followers can subscribe) and the start-up writes are done,
-writes wait for the quorum, if acknowledgement is synchronous. When the incarnation ends (the
-server stops, or this node no longer leads), client writes are refused at once and the groups
-still waiting for a quorum are taken back.
+against). Once the start-up writes are done (no client has been answered yet), and before any
+listener or facade opens, every write waits for the quorum (:mod:`boxqueue.replication.quorum`;
+with ``synchro_quorum = 1`` it is confirmed at once, but only while the lease is sound). When the
+incarnation ends (the server stops, or this node no longer leads), client writes are refused at
+once and the writers still waiting for a quorum hear that their outcome is unknown. A leader
+whose quorum stalls resigns (``Election.resign``), so that a member that can reach a quorum leads.
 """
 
 from __future__ import annotations
@@ -61,15 +63,22 @@ class Leading:
         await self.committer.write(write)
 
     async def start_quorum(self, nursery: trio.Nursery) -> None:
+        """From now on every write waits for the quorum: before any client can write."""
         rep = self.node.config
-        if rep.synchro_quorum > 1:
-            quorum = self.node.quorum = Quorum(self.committer, rep.synchro_quorum, rep.synchro_timeout_s,
-                                               self.node.election.lease_valid)
-            self.committer.quorum = quorum
-            await nursery.start(quorum.run)
+        quorum = self.node.quorum = Quorum(
+            self.committer, rep.synchro_quorum, rep.synchro_timeout_s, self.node.election.lease_valid,
+            on_stall=self._resign, lost_after_s=4 * rep.heartbeat_s,
+        )
+        self.committer.quorum = quorum
+        await nursery.start(quorum.run)
+
+    async def _resign(self, why: str) -> None:
+        """The quorum stalled: step aside for a member that can reach one."""
+        await self.node.election.resign(why)
 
     def end(self) -> None:
-        """No more client writes; what waits for a quorum is taken back."""
+        """No more client writes; the writers still waiting for a quorum hear their outcome is
+        unknown."""
         self.dispatcher.writes.set_read_only("no longer the leader")
         if self.node.quorum is not None:
-            self.node.quorum.abandon()
+            self.node.quorum.abandon("this node no longer leads")

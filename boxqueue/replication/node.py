@@ -95,7 +95,10 @@ class ReplicaNode:
             if leader is not None and leader not in self.facade_urls:
                 try:
                     kv = await self.etcd.get(self._facades_key(leader))
-                    self.facade_urls[leader] = json.loads(kv.value) if kv is not None else {}
+                    if kv is None:  # elected before it published them: look again soon
+                        await trio.sleep(0.2)
+                        continue
+                    self.facade_urls[leader] = json.loads(kv.value)
                 except Exception as exc:  # etcd away, a value not ours: the header waits
                     log.info("the leader's facades are not known yet: %s", exc)
                     await trio.sleep(1)

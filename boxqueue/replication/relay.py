@@ -136,12 +136,11 @@ class Relays:
             await io.send_all(rows.error(sync, error.code, error.message))
             return
         self._pins.pop(uuid, None)
-        down = self.downstream[name] = Downstream(name, uuid, acked=lsn, sent=lsn)
+        # Not yet acknowledged: the position may name records the follower has not flushed. It
+        # acknowledges what it holds durably as soon as it follows.
+        down = self.downstream[name] = Downstream(name, uuid, acked=0, sent=lsn)
         key = object()
         self.history.reading(key, lsn + 1)
-        quorum = self.quorum()
-        if quorum is not None:  # it holds its log durably up to there (a copy's position, say)
-            quorum.ack(name, lsn)
         await io.send_all(rows.position(sync, self.replica_id, self.replicaset_uuid, self.vclock(),
                                         self.storage.lsn, self.term()))
         log.info("follower %s subscribed from LSN %d", name, lsn)
@@ -187,12 +186,14 @@ class Relays:
             while True:
                 while (row := decoder.next_row()) is not None:
                     lsn = int(row.body.get(rows.LSN, 0) or 0)
+                    quorum = self.quorum()
                     if lsn > down.acked:
                         down.acked = lsn
                         self.history.reading(key, lsn + 1)
-                        quorum = self.quorum()
                         if quorum is not None:
                             quorum.ack(down.name, lsn)
+                    elif quorum is not None:
+                        quorum.heard(down.name)
                     down.acked_at = time.monotonic()
                 with trio.move_on_after(4 * self.heartbeat_s) as waited:
                     data = await io.receive(65536)

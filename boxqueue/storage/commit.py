@@ -27,6 +27,7 @@ of its own: the faulty one fails alone.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from boxqueue.measures import BATCH_BOUNDS, Histogram
 from boxqueue.storage import redo
 from boxqueue.storage.environment import Storage, StorageError
 from boxqueue.storage.log_thread import LogThread
-from boxqueue.storage.redo import RedoTxn, UndoRedoTxn
+from boxqueue.storage.redo import RedoTxn
 from boxqueue.storage.wal import encode_record
 from boxqueue.storage.write_queue import Done, Write, WriteQueue
 
@@ -95,12 +96,13 @@ class GroupCommitter:
         # Called on the event loop with (lsn, term, payload) of each logged record once LMDB has
         # it (before its flush): what a leader streams to its followers.
         self.feed: Callable[[int, int, bytes], None] | None = None
-        # A leader waiting for a quorum: told of each of its own groups once durable here
-        # (``durable(lsn)``); it answers with :meth:`confirm` or :meth:`roll_back`. Groups wait
-        # in ``_awaiting`` meanwhile, with what undoes them.
+        # A leader waiting for a quorum (``boxqueue.replication.quorum``): told of each of its
+        # own groups once durable here (``durable(lsn)``), and asked whether a group that changed
+        # nothing may be answered (``holds_back(lsn)``: what it read may not be confirmed yet);
+        # it answers with :meth:`confirm`, or :meth:`settle_unknown` once it gives up. Groups
+        # wait in ``_awaiting`` meanwhile, as (the LSN to confirm, the writes, when begun).
         self.quorum: Any = None
-        self._awaiting: deque[tuple[int, list[Write], float, list[Any]]] = deque()
-        self._rollback: Callable[[bool], BaseException] | None = None
+        self._awaiting: deque[tuple[int, list[Write], float]] = deque()
         # The lowest LSN the log must keep for followers that are behind (None: no need).
         self.keep_from: Callable[[], int | None] | None = None
         # Called before and after each group's callbacks run (the iproto server sends the
@@ -188,7 +190,7 @@ class GroupCommitter:
         """A quorum holds every group up to ``lsn``: answer them."""
         awaiting = self._awaiting
         while awaiting and awaiting[0][0] <= lsn:
-            _lsn, batch, started, _undo = awaiting.popleft()
+            _lsn, batch, started = awaiting.popleft()
             self._finish(batch, started)
 
     @property
@@ -199,17 +201,30 @@ class GroupCommitter:
     def oldest_awaiting(self) -> int | None:
         return self._awaiting[0][0] if self._awaiting else None
 
-    def roll_back(self, error: Callable[[bool], BaseException]) -> None:
-        """No quorum confirmed the waiting groups in time (or this node stopped leading): take
-        them all back with one record of their undo operations, and fail their writes with
-        ``error(first)`` (``first``: the writes of the oldest group). Done by the commit loop
-        before its next group."""
-        if self._awaiting and self._rollback is None:
-            self._rollback = error
-            wakeup = self._queue.wakeup
-            if wakeup is not None:
-                self._queue.wakeup = None
-                wakeup.set()
+    def settle_unknown(self, error: BaseException) -> None:
+        """The leader gives up on the waiting groups: no quorum confirmed them, yet a future leader
+        may keep them, so their writers hear ``error`` (an unknown outcome), the last group
+        first, so that each writer's own undo (the engine puts its memory back) sees the state
+        its write left. Nothing is taken back: the incarnation that holds them ends."""
+        awaiting = self._awaiting
+        while awaiting:
+            _lsn, batch, started = awaiting.pop()
+            for item in batch:
+                item.error = error
+            self._finish(list(reversed(batch)), started)
+
+    def drop_pending(self, error: BaseException) -> None:
+        """Refuse, with ``error``, every client write queued but not yet applied: none of them
+        reached the log, so they failed for certain. Records from the leader and this node's own
+        metadata stay queued."""
+        queue = self._queue
+        dropped = [item for item in queue.pending if not item.lsn and not item.local]
+        if not dropped:
+            return
+        queue.pending = [item for item in queue.pending if item.lsn or item.local]
+        for item in dropped:
+            item.error = error
+        self._finish(dropped, time.perf_counter())
 
     async def write(
         self,
@@ -263,9 +278,6 @@ class GroupCommitter:
         queue = self._queue
         try:
             while True:
-                if self._rollback is not None:
-                    with trio.CancelScope(shield=True):
-                        await self._roll_back()
                 if not queue.pending:
                     wakeup = queue.wakeup = trio.Event()
                     await wakeup.wait()
@@ -282,12 +294,10 @@ class GroupCommitter:
                 if self._log is not None:  # the last group's flush and replies
                     async with self._log_free:
                         pass
-                # What still waits for a quorum is not acknowledged: the writers hear so.
-                while self._awaiting:
-                    _lsn, batch, started, _undo = self._awaiting.pop()
-                    for item in batch:
-                        item.error = StorageError("the server stopped before a quorum confirmed the write")
-                    self._finish(list(reversed(batch)), started)
+                # What still waits for a quorum is not acknowledged: its writers hear that its
+                # outcome is unknown (the leader's part normally says so before the committer stops).
+                if self._awaiting and self.quorum is not None:
+                    self.quorum.abandon("the server stopped before a quorum confirmed the write")
 
     async def _commit(self, batch: list[Write]) -> None:
         """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
@@ -303,7 +313,7 @@ class GroupCommitter:
                 txn = self._apply(batch)
                 if txn is None:
                     batch = await self._one_by_one(batch, started)
-                elif type(txn) is not RedoTxn and type(txn) is not UndoRedoTxn:
+                elif type(txn) is not RedoTxn:
                     self._commit_unlogged(txn)
                 elif await self._log_group(txn, batch, started, forced=first.lsn != 0):
                     # One pass of the scheduler before the next batch is taken: the requests
@@ -340,7 +350,7 @@ class GroupCommitter:
         txn = self._storage.env.begin(write=True)
         if self._log is None:
             return txn
-        return RedoTxn(txn, self._names) if self.quorum is None else UndoRedoTxn(txn, self._names)
+        return RedoTxn(txn, self._names)
 
     async def _commit_local(self, item: Write) -> None:
         """This node's own metadata: unlogged, committed and flushed alone."""
@@ -386,6 +396,14 @@ class GroupCommitter:
         if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
             async with self._log_free:
                 self._commit_unlogged(raw)
+            # ... and, on a leader waiting for quorums, confirmed: a write that found nothing to
+            # change (a compare-and-set that did not match, an update with no operations) is
+            # answered as a read of everything before it, which a quorum must hold first.
+            quorum = self.quorum
+            if quorum is not None and not alone and quorum.holds_back(self._storage.lsn):
+                self._awaiting.append((self._storage.lsn, batch, started))
+                quorum.waiting(self._storage.lsn)
+                return True
             return False
         lsn = self._storage.lsn + 1
         fed: list[tuple[int, int, bytes]]
@@ -419,11 +437,18 @@ class GroupCommitter:
             self._fed(fed)
             return False
         committed = trio.Event()
-        undo = txn.undo_ops() if type(txn) is UndoRedoTxn and not forced else None
-        self._flushing = (raw, record, lsn, batch, committed, started, fed, undo)
+        self._flushing = (raw, record, lsn, batch, committed, started, fed, self.quorum is not None and not forced)
         self._flush_wanted.set()
         await committed.wait()
         return True
+
+    @staticmethod
+    def fatal(why: str) -> None:
+        """Stop the process now, answering nothing more (see where it is called). A staticmethod
+        so that a test can put something else in its place."""
+        log.critical("stopping at once: %s", why)
+        logging.shutdown()
+        os._exit(70)  # EX_SOFTWARE
 
     def _fed(self, records: list[tuple[int, int, bytes]]) -> None:
         """Tell the replication feed of a group's records: (lsn, term, payload) each."""
@@ -456,7 +481,9 @@ class GroupCommitter:
             try:
                 wal.cut_back(start)
             except OSError as cut:
-                self._broken = StorageError(f"cannot take a failed group out of the write-ahead log: {cut}")
+                # The record stays in the log, so a restart would replay a write its writers
+                # were told failed: no answer may be given at all.
+                self.fatal(f"cannot take a failed group out of the write-ahead log: {cut}")
             raise StorageError(f"commit failed: {exc}") from exc
         self._storage.lsn = lsn
         if committed is not None:
@@ -464,10 +491,11 @@ class GroupCommitter:
         try:
             wal.sync()
         except OSError as exc:
-            # Whether the record reached the disk is unknown, and LMDB already holds the group:
-            # no later write may be acknowledged on top of that (as PostgreSQL, stop writing).
-            self._broken = StorageError(f"the write-ahead log could not be flushed ({exc}); restart the server")
-            raise self._broken from exc
+            # Whether the record reached the disk is unknown, LMDB already holds the group, and
+            # followers may have it: neither "done" nor "failed" would be true. As PostgreSQL
+            # does after a failed fsync, stop at once: the writers see their connection end.
+            self.fatal(f"the write-ahead log could not be flushed: {exc}")
+        self._storage.synced_lsn = lsn
 
     async def _flusher(self) -> None:
         """Writes, commits and flushes each group handed to it, then answers it. Shielded: it
@@ -482,7 +510,7 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed, started, fed, undo = group
+                raw, record, lsn, batch, committed, started, fed, waits = group
 
                 def in_lmdb(committed: trio.Event = committed, fed: list[tuple[int, int, bytes]] = fed) -> None:
                     committed.set()
@@ -508,8 +536,8 @@ class GroupCommitter:
                 if not committed.is_set() and self._storage.lsn >= lsn:
                     in_lmdb()  # LMDB has the group (its LSN is noted), and the loop was not told early
                 committed.set()  # (already, unless the group failed before LMDB had it)
-                if undo is not None and not failed and self.quorum is not None:
-                    self._awaiting.append((lsn, batch, started, undo))
+                if waits and not failed and self.quorum is not None:
+                    self._awaiting.append((lsn, batch, started))
                     self.quorum.durable(lsn)
                 else:
                     self._finish(batch, started)
@@ -541,49 +569,26 @@ class GroupCommitter:
                 answer_now.append(item)
                 continue
             try:
-                if type(txn) is RedoTxn or type(txn) is UndoRedoTxn:
+                if type(txn) is RedoTxn:
                     before = self._storage.lsn
                     await self._log_group(txn, [item], alone=True, forced=item.lsn != 0)
-                    if type(txn) is UndoRedoTxn and self.quorum is not None and self._storage.lsn > before:
-                        self._awaiting.append((self._storage.lsn, [item], started, txn.undo_ops()))
-                        self.quorum.durable(self._storage.lsn)
-                        continue
+                    quorum = self.quorum
+                    if quorum is not None and item.lsn == 0:
+                        lsn = self._storage.lsn
+                        if lsn > before:
+                            self._awaiting.append((lsn, [item], started))
+                            quorum.durable(lsn)
+                            continue
+                        if quorum.holds_back(lsn):  # it changed nothing: a read of what is before it
+                            self._awaiting.append((lsn, [item], started))
+                            quorum.waiting(lsn)
+                            continue
                 else:
                     self._commit_unlogged(txn)
             except StorageError as exc:
                 item.error = exc
             answer_now.append(item)
         return answer_now
-
-    async def _roll_back(self) -> None:
-        """See :meth:`roll_back`: one record of the waiting groups' undo operations (last group
-        first), then their writes fail, last first, so that each writer's own undo (the engine
-        puts its memory back) sees the state its write left."""
-        error = self._rollback
-        self._rollback = None
-        async with self._log_free:  # the group being flushed, if any, is awaiting once this returns
-            pass
-        awaiting = list(self._awaiting)
-        self._awaiting.clear()
-        if not awaiting or error is None:
-            return
-        txn = RedoTxn(self._storage.env.begin(write=True), self._names)
-        try:
-            for _lsn, _batch, _started, undo in reversed(awaiting):
-                redo.replay(txn, undo, self._storage.open_logged, self._storage.forget_db)
-            await self._log_group(txn, [], alone=True)
-        except BaseException as exc:
-            self._abort(txn)
-            self._broken = StorageError(f"the groups no quorum confirmed could not be taken back ({exc}); "
-                                        "restart the server")
-            log.error("%s", self._broken)
-        log.warning("took back %d groups (LSN %d to %d) that no quorum confirmed", len(awaiting),
-                    awaiting[0][0], awaiting[-1][0])
-        for index, (_lsn, batch, started, _undo) in enumerate(reversed(awaiting)):
-            failure = error(index == len(awaiting) - 1)
-            for item in batch:
-                item.error = failure
-            self._finish(list(reversed(batch)), started)
 
     def _abort(self, txn: Any) -> None:
         (txn.txn if isinstance(txn, RedoTxn) else txn).abort()

@@ -75,7 +75,9 @@ class Storage:
     """Owns the LMDB environment, the write-ahead log (``fsync`` mode) and the read transaction
     used on the event loop thread.
 
-    ``lsn`` is the LSN of the last group committed to LMDB; ``log`` the write-ahead log the group
+    ``lsn`` is the LSN of the last group committed to LMDB (its log record may not be flushed
+    yet); ``synced_lsn`` the last one whose log record is flushed, what this node may tell a
+    leader it holds durably; ``log`` the write-ahead log the group
     committer appends to (``None`` unless ``wal_mode`` is ``fsync``). A checkpoint is due every
     ``checkpoint_interval_s`` seconds, or when the log's current segment exceeds
     ``checkpoint_bytes``.
@@ -144,6 +146,7 @@ class Storage:
             self.lsn = 0 if raw is None else _LSN.unpack(raw)[0]
             self.last_term = 0 if raw_term is None else _LSN.unpack(raw_term)[0]
             self.replayed = self._recover()
+            self.synced_lsn = self.lsn  # recovery flushed LMDB: everything it holds is on disk
             if wal_mode == "fsync":
                 self.log = WriteAheadLog(self.path / WAL_DIR, self.lsn + 1)
         except (WalError, OSError, lmdb.Error, ValueError, StorageError) as exc:
@@ -172,7 +175,7 @@ class Storage:
         """After a fresh copy: LMDB holds everything up to record ``lsn`` of ``term``, and the log
         starts again after it (its old segments are another history). The caller has written
         ``lsn`` with :meth:`note_lsn` and flushed LMDB."""
-        self.lsn = lsn
+        self.lsn = self.synced_lsn = lsn
         self.last_term = term
         if self.log is not None:
             self.log.retire()

@@ -149,83 +149,6 @@ class RedoTxn:
             return msgpack.packb(self.ops, use_bin_type=True)
 
 
-class UndoRedoTxn(RedoTxn):
-    """A :class:`RedoTxn` that also keeps what each change replaced, so that its group can be
-    undone after it was committed: a write a synchronous replica set could not confirm in time is
-    taken back by a later record (:meth:`undo_ops`), not by rewriting the log. Each change costs
-    one more lookup (the value it replaces), so only a leader waiting for a quorum uses it."""
-
-    __slots__ = ("undo",)
-
-    def __init__(self, txn: lmdb.Transaction, names: dict[Any, bytes | None]) -> None:
-        super().__init__(txn, names)
-        self.undo: list[Any] = []
-
-    def _before(self, name: bytes | None, key: bytes, old: bytes | None) -> None:
-        self.undo += (DELETE, name, key, None) if old is None else (PUT, name, key, old)
-
-    def put(
-        self,
-        key: bytes,
-        value: bytes,
-        dupdata: bool = True,
-        overwrite: bool = True,
-        append: bool = False,
-        db: Any = None,
-    ) -> bool:
-        name = self._name(db)
-        old = self.txn.get(key, None, db)
-        if self.txn.put(key, value, dupdata, overwrite, append, db):
-            self.ops += (PUT, name, key, value)
-            self._before(name, key, old)
-            return True
-        return False
-
-    def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
-        name = self._name(db)
-        old = self.txn.replace(key, value, db)
-        self.ops += (PUT, name, key, value)
-        self._before(name, key, old)
-        return old
-
-    def delete(self, key: bytes, value: bytes = b"", db: Any = None) -> bool:
-        name = self._name(db)
-        old = self.txn.get(key, None, db)
-        if self.txn.delete(key, value, db):
-            self.ops += (DELETE, name, key, None)
-            self._before(name, key, old)
-            return True
-        return False
-
-    def pop(self, key: bytes, db: Any = None) -> bytes | None:
-        name = self._name(db)
-        old = self.txn.pop(key, db)
-        if old is not None:
-            self.ops += (DELETE, name, key, None)
-            self._before(name, key, old)
-        return old
-
-    def drop(self, db: Any, delete: bool = True) -> None:
-        name = self._name(db)
-        with self.txn.cursor(db) as cursor:
-            entries = list(cursor)
-        self.txn.drop(db, delete)
-        self.ops += (DROP, name, bool(delete), None)
-        for key, value in reversed(entries):  # undone in reverse: CREATE, then the entries back
-            self.undo += (PUT, name, key, value)
-        if delete:
-            self.undo += (CREATE, name, None, None)
-
-    def created(self, name: bytes) -> None:
-        super().created(name)
-        self.undo += (DROP, name, True, None)
-
-    def undo_ops(self) -> list[Op]:
-        """What puts the group's changes back, in the order to apply it (last change first)."""
-        undo = self.undo
-        return [tuple(undo[i : i + 4]) for i in range(len(undo) - 4, -1, -4)]
-
-
 class RedoCursor:
     """A cursor of a :class:`RedoTxn`: reads go straight through, writes are noted."""
 
@@ -252,22 +175,15 @@ class RedoCursor:
         self._cursor.close()
 
     def put(self, key: bytes, value: bytes, dupdata: bool = True, overwrite: bool = True, append: bool = False) -> bool:
-        redo = self._redo
-        old = redo.txn.get(key, None, self._db) if type(redo) is UndoRedoTxn else None
         if self._cursor.put(key, value, dupdata, overwrite, append):
-            redo.ops += (PUT, self._name, key, value)
-            if type(redo) is UndoRedoTxn:
-                redo._before(self._name, key, old)
+            self._redo.ops += (PUT, self._name, key, value)
             return True
         return False
 
     def delete(self, dupdata: bool = False) -> bool:
         key = self._cursor.key()
-        old = self._cursor.value()
         if self._cursor.delete(dupdata):
             self._redo.ops += (DELETE, self._name, key, None)
-            if type(self._redo) is UndoRedoTxn:
-                self._redo._before(self._name, key, old)
             return True
         return False
 

@@ -289,3 +289,29 @@ async def test_members_converge_again_after_etcd_restarts(tmp_path, prefix):
             assert new.state.term > old_term
     finally:
         etcd.kill()
+
+
+async def test_a_position_published_before_the_leader_went_does_not_count(etcd, prefix):
+    """b holds every write a confirmed (its log at 10) but cannot reach etcd when a goes: its
+    member key still shows the position it published earlier (3). c (at 5) must not win on that
+    stale picture, which would make it the most advanced of a "majority" and wipe b's records
+    when b rejoins; it waits until b publishes again, and b wins."""
+    peers = ["a", "b", "c"]
+    async with group(etcd.endpoint, prefix) as g:
+        proxy = PausableProxy(etcd.client_port)
+        port = await g.nursery.start(proxy.serve)
+        a = await g.start("a", peers, (10, 1))
+        b = await g.start("b", peers, (3, 1), endpoint=f"127.0.0.1:{port}")
+        c = await g.start("c", peers, (5, 1))
+        assert await g.converged([a, b, c], TTL * 3) is a
+        with trio.fail_after(TTL):  # b's position as a saw it (published before the pause)
+            while a.election.members().get("b", {}).get("lsn") != 3:
+                await trio.sleep(0.02)
+        proxy.pause()
+        b.position = (10, 1)  # it caught up with a, but can publish nothing now
+        a.stop()  # its keys go at once: c campaigns while b's old member key still lives
+        await trio.sleep(TTL * 2)
+        assert c.state.role != "leader", "c won on a position b published before the leader went"
+        proxy.resume()
+        leader = await g.converged([b, c], TTL * 6)
+        assert leader is b

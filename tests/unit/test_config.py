@@ -952,6 +952,13 @@ def test_the_replication_section(tmp_path: Path) -> None:
         '  { name = "n3", uri = "127.0.0.1:3303" },\n',
         '  { name = "n3", uri = "127.0.0.1:3303" },\n  { name = "n4", uri = "h4:1" },\n  { name = "n5", uri = "h5:1" },\n')
     assert load(tmp_path, five).replication.synchro_quorum == 3
+    # 1 (asynchronous) and a majority or more are allowed; between them two quorums could miss
+    # each other
+    assert load(tmp_path, five.replace("synchro_timeout_s", "synchro_quorum = 1\nsynchro_timeout_s")
+                ).replication.synchro_quorum == 1
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, five.replace("synchro_timeout_s", "synchro_quorum = 2\nsynchro_timeout_s"))
+    assert "replication.synchro_quorum 2 is less than a majority of the 5 peers (3)" in str(err.value)
 
 
 @pytest.mark.parametrize("change, message", [

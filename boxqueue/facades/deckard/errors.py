@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from boxqueue.errcodes import ER, BoxError
 from boxqueue.facades.grpc_connections import GrpcError, Status
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,17 @@ class InvalidArgument(ValueError):
 
 
 def status_for(exc: Exception, failure: str) -> tuple[Status, str]:
-    """The status code and text a handler failing with ``exc`` answers."""
+    """The status code and text a handler failing with ``exc`` answers. A replica set's answers
+    keep their promise (docs/replication.md): a write refused before it reached the log is
+    ``UNAVAILABLE`` (it failed: retry, at the leader), one whose outcome is unknown ``UNKNOWN``."""
     if isinstance(exc, GrpcError):
         return exc.status, exc.message
     if isinstance(exc, InvalidArgument):
         return Status.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, BoxError) and exc.code == ER.READONLY:
+        return Status.UNAVAILABLE, f"{failure}: {exc}"
+    if isinstance(exc, BoxError) and exc.code == ER.SYNC_QUORUM_TIMEOUT:
+        return Status.UNKNOWN, f"{failure}: {exc}"
     return Status.INTERNAL, f"{failure}: {exc}"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from boxqueue.errcodes import ER, BoxError
 from boxqueue.facades.asgi_serving import answer_lifespan
 from boxqueue.facades.http_meter import OPERATION
 from boxqueue.facades.zaqar import http_input as inp
@@ -199,6 +200,11 @@ class ZaqarApp(AdminHandlers):
             except StorageError as exc:
                 log.error("Zaqar %s failed on storage: %s", handler.__name__, exc)
                 raise unavailable(UNAVAILABLE.get(handler.__name__, "Storage could not be reached.")) from None
+            except BoxError as exc:
+                if exc.code != ER.READONLY:
+                    raise
+                # a leader that gave up (docs/replication.md): the write never reached the log
+                raise unavailable(f"This node no longer leads ({exc.message}).") from None
         raise ZaqarError(404, "404 Not Found")
 
     async def read_body(self, call: Call, *, max_size: int | None = None, too_large: str = "",
