@@ -14,6 +14,7 @@ whose quorum stalls resigns (``Election.resign``), so that a member that can rea
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -71,6 +72,21 @@ class Leading:
         )
         self.committer.quorum = quorum
         await nursery.start(quorum.run)
+        nursery.start_soon(self._step_aside_when_the_disk_is_full, rep.synchro_timeout_s)
+
+    async def _step_aside_when_the_disk_is_full(self, patience_s: float) -> None:
+        """A leader whose writes have failed for lack of disk space for ``patience_s`` resigns: a
+        member with room can take the writes (it serves reads meanwhile, as a follower)."""
+        committer = self.committer
+        while True:
+            await trio.sleep(min(0.5, patience_s / 4))
+            since = committer.no_space_since
+            if since is not None and time.monotonic() - since >= patience_s:
+                why = f"no disk space for writes for {time.monotonic() - since:.1f} s"
+                if self.node.quorum is not None:
+                    self.node.quorum.abandon(why)
+                await self.node.election.resign(why)
+                return
 
     async def _resign(self, why: str) -> None:
         """The quorum stalled: step aside for a member that can reach one."""

@@ -106,6 +106,9 @@ class Catalog:
             self._sessions_reserved = reserved + SESSION_BLOCK
             txn.put(_META_SESSIONS, msgpack.packb(self._sessions_reserved), db=local)
             self._read_spaces(txn)
+        # The handles opened in it are valid for good: not to be forgotten with the next write
+        # transaction that is aborted (a full disk's, say).
+        self.storage.txn_ended(True)
 
     async def reload(self) -> None:
         """Read the spaces again from LMDB, as a follower does after records that changed them (or

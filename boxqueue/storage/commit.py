@@ -26,6 +26,7 @@ of its own: the faulty one fails alone.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -87,6 +88,9 @@ class GroupCommitter:
         self._checkpoint_due = trio.Event()
         self._checkpointed_lsn = storage.lsn
         self._broken: StorageError | None = None
+        # Since when groups fail for lack of disk space (None: the last one did not): a leader
+        # that cannot write steps aside for one that can (boxqueue.replication.leading).
+        self.no_space_since: float | None = None
         self.batches = 0
         self.writes = 0
         self.checkpoints = 0
@@ -322,6 +326,8 @@ class GroupCommitter:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     return
         except BaseException as exc:  # the commit itself failed: nothing of the batch is durable
+            if isinstance(exc, StorageError) and exc.no_space and self.no_space_since is None:
+                self.no_space_since = time.monotonic()
             for item in batch:
                 if item.error is None:
                     item.error = _as_storage_error(exc)
@@ -472,7 +478,8 @@ class GroupCommitter:
             wal.append(record)
         except OSError as exc:
             self._abort(raw)
-            raise StorageError(f"cannot write the write-ahead log: {exc}") from exc
+            raise StorageError(f"cannot write the write-ahead log: {exc}",
+                               no_space=exc.errno in (errno.ENOSPC, errno.EDQUOT)) from exc
         try:
             raw.commit()
             self._storage.txn_ended(True)
@@ -530,9 +537,13 @@ class GroupCommitter:
                     await self._log_thread.call(self._write_group, raw, record, lsn, in_lmdb_now)
                 except BaseException as exc:
                     failed = True
+                    if isinstance(exc, StorageError) and exc.no_space and self.no_space_since is None:
+                        self.no_space_since = time.monotonic()
                     for item in batch:
                         if item.error is None:
                             item.error = _as_storage_error(exc)
+                if not failed:
+                    self.no_space_since = None
                 if not committed.is_set() and self._storage.lsn >= lsn:
                     in_lmdb()  # LMDB has the group (its LSN is noted), and the loop was not told early
                 committed.set()  # (already, unless the group failed before LMDB had it)

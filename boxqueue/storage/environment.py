@@ -40,6 +40,7 @@ import fcntl
 import logging
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +66,31 @@ _REPLAY_CHUNK = 256  # log records per LMDB transaction during recovery
 # DISK_REFILL on a disk about to fill is the one case the reserve does not cover.
 DISK_RESERVE = 64 << 20
 DISK_REFILL = 32 << 20
+# When the reserve cannot be topped up (the disk is full), writes go on while at least this much of
+# what is allocated is left ahead of LMDB's pages (acks and deletes drain a full disk), then fail
+# with ER_WAL_IO until there is room again. A group that grows the data by more than this, on a
+# full disk, is the case the rule does not cover.
+DISK_TIGHT = 16 << 20
+
+
+def _allocated_from_start(fd: int) -> int:
+    """How far from its start the data file is allocated: the room an earlier run reserved ahead
+    of LMDB's pages, which a restart on a full disk needs no more space for. The file's blocks
+    are one run from its start (:meth:`Storage.ensure_room` allocates from there, and LMDB writes
+    only inside what it allocated), so their count tells where the run ends (SEEK_HOLE cannot:
+    ext4 and tmpfs report blocks allocated but never written as holes). A megabyte is kept back
+    for the blocks a file system counts for itself."""
+    st = os.fstat(fd)
+    return max(min(st.st_blocks * 512, st.st_size) - (1 << 20), 0)
 
 
 class StorageError(Exception):
-    """LMDB failed (disk full, map full, corruption); callers report it as a write failure."""
+    """LMDB failed (disk full, map full, corruption); callers report it as a write failure.
+    ``no_space``: the disk had no room (the write may succeed once there is)."""
+
+    def __init__(self, message: str, *, no_space: bool = False) -> None:
+        super().__init__(message)
+        self.no_space = no_space
 
 
 class Storage:
@@ -128,6 +150,7 @@ class Storage:
             raise StorageError(f"cannot open LMDB environment in {self.path}: {exc}") from exc
         self._page_bytes = self.env.stat()["psize"]
         self._room_until = 0  # the file is allocated up to here (by this process's reckoning)
+        self.no_room_since: float | None = None  # since when the reserve could not be topped up
         self._data_fd = -1
         self._dbs: dict[bytes, Any] = {}
         self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
@@ -138,7 +161,11 @@ class Storage:
         self.term = 0  # the replica set's term this node's own records are written in (0: alone)
         try:
             self._data_fd = os.open(self.path / "data.mdb", os.O_RDWR | os.O_CLOEXEC)
-            self.ensure_room()
+            self._room_until = _allocated_from_start(self._data_fd)
+            try:
+                self.ensure_room()
+            except StorageError as exc:  # a full disk: start, serve reads, refuse writes until room
+                log.warning("%s; writes fail with ER_WAL_IO until there is room again", exc)
             self._wal_db = self.db(_WAL_DB)
             with self.env.begin() as txn:
                 raw = txn.get(_LSN_KEY, db=self._wal_db)
@@ -242,8 +269,17 @@ class Storage:
         try:
             os.posix_fallocate(self._data_fd, start, until - start)
         except OSError as exc:
-            raise StorageError(f"no disk space for LMDB's data file ({exc.strerror})") from exc
+            if self.no_room_since is None:
+                self.no_room_since = time.monotonic()
+                log.warning("no disk space to top up LMDB's reserve (%s): %d MB of it left",
+                            exc.strerror, (self._room_until - used) >> 20)
+            if used + DISK_TIGHT <= self._room_until:
+                return  # what is left of the reserve covers this group
+            raise StorageError(f"no disk space for LMDB's data file ({exc.strerror})", no_space=True) from exc
         self._room_until = until
+        if self.no_room_since is not None:
+            log.info("disk space for LMDB's reserve again: writes go on")
+            self.no_room_since = None
 
     def used_bytes(self) -> int:
         """LMDB's pages up to the last one in use, in bytes: where the file's meaningful part ends."""

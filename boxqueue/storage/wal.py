@@ -44,11 +44,14 @@ held when the switch happened.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 FILE_MAGIC = b"BQWAL\x00\x00\x01"
 RECORD_MAGIC = b"BQr\x02"
@@ -252,7 +255,12 @@ class WriteAheadLog:
         self.size = 0  # where the next record goes
         self._allocated = 0  # the file's length: zeros from ``size`` to here
         self.first_lsn = first_lsn
-        self._open_segment(first_lsn)
+        try:
+            self._open_segment(first_lsn)
+        except OSError as exc:
+            # A full disk: no segment yet. Reads are served; the first append opens it, or
+            # fails (the write with it) while there is no room.
+            log.warning("cannot start a write-ahead log segment (%s): it is started by the next write", exc)
 
     def _open_segment(self, first_lsn: int) -> None:
         path = self.directory / segment_name(first_lsn)
@@ -263,6 +271,8 @@ class WriteAheadLog:
             _sync_directory(self.directory)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):  # no segment without its magic is left behind
+                path.unlink()
             raise
         self._close_segment()
         self._fd = fd
@@ -281,6 +291,8 @@ class WriteAheadLog:
     def append(self, record: bytes) -> None:
         """Write ``record`` after the last one (not flushed), over zeros written ahead. On failure
         the segment is cut back to where it was, so a later append does not follow a fragment."""
+        if self._fd < 0:
+            self._open_segment(self.first_lsn)
         start = self.size
         end = start + len(record)
         try:
@@ -312,12 +324,13 @@ class WriteAheadLog:
         self.size = size
 
     def sync(self) -> None:
-        os.fdatasync(self._fd)
+        if self._fd >= 0:  # (no segment: nothing was appended)
+            os.fdatasync(self._fd)
 
     def rotate(self, first_lsn: int) -> bool:
         """Switch appends to a new segment starting at ``first_lsn`` (the current one must be
         flushed). False, and nothing done, if the current segment holds no record yet."""
-        if self.size <= len(FILE_MAGIC):
+        if self._fd < 0 or self.size <= len(FILE_MAGIC):
             return False
         self._open_segment(first_lsn)
         return True

@@ -2,9 +2,9 @@
 before the write begins, so that a full disk fails the write with an error instead of killing
 the process with SIGBUS when LMDB touches a page that has no block.
 
-A full disk cannot be caused for real here (it needs a file system of its own), so the one fault
-is made by ``posix_fallocate`` failing with ENOSPC; the data file, its sizes and the writes are
-real.
+Here the one fault is made by ``posix_fallocate`` failing with ENOSPC, so that the reserve's
+arithmetic is seen exactly; the data file, its sizes and the writes are real. A disk that really
+fills (a tmpfs, as root) is tests/integration/test_full_disk.py's.
 """
 
 import errno
