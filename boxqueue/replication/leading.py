@@ -14,6 +14,7 @@ whose quorum stalls resigns (``Election.resign``), so that a member that can rea
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
@@ -27,6 +28,8 @@ from boxqueue.replication.quorum import Quorum
 from boxqueue.replication.relay import TERMS_DB, TERMS_KEY, Relays, read_terms
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import WAL_DIR, Storage
+
+log = logging.getLogger(__name__)
 
 
 def replicaset_uuid(prefix: str) -> str:
@@ -72,6 +75,7 @@ class Leading:
         )
         self.committer.quorum = quorum
         await nursery.start(quorum.run)
+        log.info("every write now waits for a quorum of %d (term %d)", rep.synchro_quorum, self.node.state.term)
         nursery.start_soon(self._step_aside_when_the_disk_is_full, rep.synchro_timeout_s)
 
     async def _step_aside_when_the_disk_is_full(self, patience_s: float) -> None:

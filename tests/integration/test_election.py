@@ -315,3 +315,64 @@ async def test_a_position_published_before_the_leader_went_does_not_count(etcd, 
         proxy.resume()
         leader = await g.converged([b, c], TTL * 6)
         assert leader is b
+
+
+class RefusingProxy(PausableProxy):
+    """A :class:`PausableProxy` that can also refuse: while refusing, every connection to it, and
+    every one it carries, is closed at once (etcd unreachable for a moment)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        super().__init__(upstream_port)
+        self.refusing = False
+        self._carried: set[trio.CancelScope] = set()
+
+    def refuse(self) -> None:
+        self.refusing = True
+        for scope in list(self._carried):
+            scope.cancel()
+
+    async def _handle(self, down: trio.SocketStream) -> None:
+        if self.refusing:
+            await down.aclose()
+            return
+        with trio.CancelScope() as scope:
+            self._carried.add(scope)
+            try:
+                await super()._handle(down)
+            finally:
+                self._carried.discard(scope)
+        await down.aclose()
+
+
+async def test_a_leader_keeps_its_lease_through_a_keepalive_that_fails_once(etcd, prefix):
+    """etcd is unreachable just when a renewal is due, and back well before the lease's fence:
+    the leader tries again and stays the leader, in the same term (it used to step down at the
+    first failed keepalive, with most of its lease left)."""
+    ttl = 3
+    async with trio.open_nursery() as nursery:
+        proxy = RefusingProxy(etcd.client_port)
+        port = await nursery.start(proxy.serve)
+        clients = [EtcdClient([f"127.0.0.1:{port}"], TIMEOUT), EtcdClient([etcd.endpoint], TIMEOUT)]
+        elections = [Election(client, prefix, name, f"{name}:1", ["a", "b"], ttl, lambda: (0, 0))
+                     for client, name in zip(clients, ["a", "b"], strict=True)]
+        for election in elections:
+            await nursery.start(election.run)
+        a = elections[0]
+        with trio.fail_after(ttl * 4):
+            while a.state.role != "leader" or not a.lease_valid():
+                await trio.sleep(0.02)
+        term = a.state.term
+        renewed = a._renewed_at
+        with trio.fail_after(ttl):
+            while a._renewed_at == renewed:  # a renewal just happened: the next is due in ttl/3
+                await trio.sleep(0.005)
+        await trio.sleep_until(a._renewed_at + ttl / 3 - 0.1)
+        proxy.refuse()
+        await trio.sleep(0.5)  # the renewal due meanwhile failed
+        proxy.refusing = False
+        await trio.sleep(ttl)
+        assert a.state.role == "leader" and a.state.term == term and a.lease_valid()
+        assert elections[1].state.role == "follower" and elections[1].state.term == term
+        nursery.cancel_scope.cancel()
+    for client in clients:
+        await client.aclose()

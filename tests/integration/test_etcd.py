@@ -253,3 +253,50 @@ async def test_an_etcd_that_dies_ends_the_watch_with_an_error(tmp_path, key):
             assert (await c.get(key)).mod_revision == revision
     finally:
         etcd.kill()
+
+
+async def unserving_member(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """An etcd member that cannot serve, as a minority member behind a partition answers through
+    the gateway: 503 with gRPC's UNAVAILABLE (14). A stand-in for the one fault a loopback etcd
+    cannot show (the fault suite, tests/faults, cuts a real member of a three-member etcd)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+
+    async def answer(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += await stream.receive_some(65536)
+            payload = b'{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}'
+            await stream.send_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                  b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(payload), payload))
+
+    await trio.serve_listeners(answer, listeners)
+
+
+async def test_a_member_that_cannot_serve_is_left_for_the_next(etcd, key):
+    """Reads and keepalives go on to the next endpoint at once; a write that member may have
+    applied is not sent again, but fails, and the next call starts at the next endpoint."""
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(unserving_member)
+        sick = f"127.0.0.1:{port}"
+        async with EtcdClient([sick, etcd.endpoint], TIMEOUT) as c:
+            assert await c.get(key) is None  # the read is answered by the second endpoint
+            revision = await c.put(key, b"v")  # ... which later calls start at
+            assert (await c.get(key)).mod_revision == revision
+        async with EtcdClient([sick, etcd.endpoint], TIMEOUT) as c:
+            with pytest.raises(EtcdError, match="no leader") as err:
+                await c.put(key, b"w")
+            assert err.value.code == 14
+            await c.put(key, b"w")  # the next call: the next endpoint
+            lease = await c.grant(10)
+            assert await c.keepalive(lease) == 10
+        nursery.cancel_scope.cancel()

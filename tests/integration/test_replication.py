@@ -295,8 +295,15 @@ def test_a_followers_facades_send_every_call_to_the_leader(tmp_path):
         assert httpx.put(f"{lz}/v1.1/queues/q", headers=headers).status_code == 201
         for follower in cluster.followers(leader):
             ports = cluster.facade_ports[follower]
-            posted = httpx.post(f"http://127.0.0.1:{ports['zaqar']}/v1.1/queues/q/messages", headers=headers,
-                                json={"messages": [{"ttl": 60, "body": "x"}]})
+
+            def post(ports=ports) -> httpx.Response:
+                return httpx.post(f"http://127.0.0.1:{ports['zaqar']}/v1.1/queues/q/messages", headers=headers,
+                                  json={"messages": [{"ttl": 60, "body": "x"}]})
+
+            # (a follower names the leader once it has read where the leader's facades are)
+            cluster.wait_until(lambda post=post: "x-boxqueue-leader" in post().headers, timeout=10,
+                               what=f"{follower} knows the leader's facades")
+            posted = post()
             assert posted.status_code == 503 and posted.headers["retry-after"] == "1"
             assert posted.headers["x-boxqueue-leader"] == lz
             assert posted.json()["title"] == "Service Unavailable"
@@ -431,5 +438,26 @@ def test_a_follower_too_far_behind_takes_a_fresh_copy_over_its_old_data(tmp_path
         conn.replace("kv", [5000, "after"])
         cluster.wait_until(lambda: [5000, "after"] in cluster.rows(away), what="the stream goes on after the copy")
         conn.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_new_leader_installs_its_quorum_before_any_listener_opens(tmp_path):
+    """After a promotion no client may be answered before writes wait for the quorum: in the
+    leader's log of its incarnation, the quorum comes before every listener (iproto and each
+    facade) and before "ready"."""
+    cluster = Cluster(tmp_path, quorum=2, facades=True)
+    cluster.start()
+    try:
+        first = cluster.wait_for_leader()
+        cluster.nodes[first].kill()
+        leader = cluster.wait_for_leader(other_than=first)
+        text = cluster.nodes[leader].log()
+        incarnation = text[text.rindex("serving as leader"):]
+        quorum_at = incarnation.index("every write now waits for a quorum of 2")
+        opened = [incarnation.index(line) for line in (
+            "iproto listening on", "Zaqar listening on", "Sonya listening on", "Deckard listening on",
+            "boxqueue is ready, as leader")]
+        assert all(quorum_at < at for at in opened), incarnation
     finally:
         cluster.stop()
