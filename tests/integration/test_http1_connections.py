@@ -1,4 +1,4 @@
-"""The front door's own HTTP/1.1 server (``boxqueue.facades.http1_connections``), in process:
+"""The front door's own HTTP/1.1 server (``boxqueue.frontdoor.http1_connections``), in process:
 ``serve_asgi(..., http1=True)`` on a free loopback port with a small ASGI application, driven
 by raw sockets (to see the bytes and the connection's fate) and by httpx."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import trio
 
-from boxqueue.facades.asgi_serving import Listening, serve_asgi
+from boxqueue.frontdoor.asgi_serving import Listening, serve_asgi
 
 
 class App:

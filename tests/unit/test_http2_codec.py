@@ -10,7 +10,7 @@ import h2.events
 import hpack
 import pytest
 
-from boxqueue.facades.http2_codec import (
+from boxqueue.frontdoor.http2_codec import (
     DATA,
     F_CONTINUATION,
     F_DATA,

@@ -18,8 +18,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from boxqueue.facades.asgi_serving import answer_lifespan
-from boxqueue.facades.http_meter import OPERATION
 from boxqueue.facades.zaqar import http_input as inp
 from boxqueue.facades.zaqar import queues as store
 from boxqueue.facades.zaqar.admin import AdminHandlers
@@ -53,6 +51,8 @@ from boxqueue.facades.zaqar.responses import (
     page_limit,
     stat_doc,
 )
+from boxqueue.frontdoor.asgi_serving import answer_lifespan
+from boxqueue.frontdoor.http_meter import OPERATION
 
 log = logging.getLogger(__name__)
 

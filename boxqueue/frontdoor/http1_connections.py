@@ -4,7 +4,7 @@ hypercorn serves a request through several layers of its own (a connection serve
 object, a stream object, a task spawned per request, an idle timer updated by events, the ASGI
 message queue between them); for a short request those layers cost more than the application's
 work (the Zaqar cycle's profile, docs/performance.md). A listener served with ``http1`` in
-:func:`boxqueue.facades.asgi_serving.serve_asgi` has its plain (not TLS) HTTP/1.1 connections
+:func:`boxqueue.frontdoor.asgi_serving.serve_asgi` has its plain (not TLS) HTTP/1.1 connections
 served here instead: one task per connection reads requests, calls the application in that task
 with an ASGI ``http`` scope, and writes each answer's head and body with one ``send``. TLS
 connections and WebSocket upgrades still go to hypercorn.

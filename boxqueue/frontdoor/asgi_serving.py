@@ -18,7 +18,7 @@ listener's frame straight to its socket instead of through ASGI, hypercorn and w
 
 A listener may also be served with ``http1``: its plain HTTP/1.1 connections that no takeover
 claims (every one but a WebSocket upgrade) are then served by this process's own HTTP/1.1 server,
-:mod:`boxqueue.facades.http1_connections` (llhttp through httptools, one task per connection, the
+:mod:`boxqueue.frontdoor.http1_connections` (llhttp through httptools, one task per connection, the
 ASGI application called in it), instead of hypercorn's layers; TLS connections and upgrades still
 go to hypercorn. The Zaqar facade is served so: its requests are short, and hypercorn's layers cost
 more than its handlers (docs/performance.md). The Sonya facade is not: a WebSocket upgrade that
@@ -66,7 +66,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-from boxqueue.facades.http1_connections import TIMEOUT_BODY, Http1Connection, Serving
+from boxqueue.frontdoor.http1_connections import TIMEOUT_BODY, Http1Connection, Serving
 from boxqueue.iproto.listening import Gate
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ async def serve_asgi(
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port.
     With ``http1``, plain HTTP/1.1 connections that ``takeover`` does not take are served by
-    :mod:`boxqueue.facades.http1_connections` instead of hypercorn (not TLS, not upgrades)."""
+    :mod:`boxqueue.frontdoor.http1_connections` instead of hypercorn (not TLS, not upgrades)."""
     config = hypercorn_config(host, port, graceful_s, listening.keep_alive_timeout_s)
     if listening.ssl_context is not None:
         takeover = None  # a takeover handler needs the raw socket
