@@ -21,7 +21,7 @@ from tests.fuzz.conftest import fuzz_settings
 
 # Mostly well-formed frames (a head the codec can decode among them) so the fuzzing gets past the
 # frame layer; flags and stream ids from small sets so streams are opened, continued and reset.
-HEAD = bytes.fromhex("83") + b"\x04\x0c/t.T/Method" + b"\x5f\x10application/grpc"  # POST, :path, content-type
+HEAD = bytes.fromhex("8386") + b"\x04\x0c/t.T/Method" + b"\x5f\x10application/grpc"  # POST, http, :path, content-type
 frames = st.builds(
     frame,
     st.integers(0, 11),
