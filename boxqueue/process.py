@@ -158,7 +158,8 @@ def http_listening(section: ZaqarConfig | SonyaConfig | MetricsConfig) -> Listen
     tls = section.tls
     context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
     return Listening(ssl_context=context, max_connections=section.max_connections,
-                     header_timeout_s=section.header_timeout_s, body_timeout_s=section.body_timeout_s)
+                     header_timeout_s=section.header_timeout_s, keep_alive_timeout_s=section.keep_alive_timeout_s,
+                     body_timeout_s=section.body_timeout_s)
 
 
 class Server:
