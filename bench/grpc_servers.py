@@ -18,7 +18,7 @@ Candidates (``--servers``):
   answer written in the task that read the request: what serving Deckard from our own front door
   (as the Zaqar facade's HTTP/1.1 is served) would cost in transport, before any of gRPC's other
   duties (deadlines, metadata limits, compression flags, status details, TLS with ALPN);
-* ``front-door``: the server Deckard runs on, ``boxqueue/facades/grpc_connections.py`` (HTTP/2 by
+* ``front-door``: the server Deckard runs on, ``boxqueue/frontdoor/grpc_connections.py`` (HTTP/2 by
   its own codec, with gRPC's other duties: deadlines, limits, statuses, a task per call), the echo
   as its method;
 * ``purerpc``: purerpc (gRPC over h2 on anyio) on trio. purerpc 0.8 needs ``h2 < 4`` where the
@@ -194,7 +194,7 @@ def serve_front_door(port: int) -> None:
     import trio
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from boxqueue.facades.grpc_connections import Call, GrpcServer, Method
+    from boxqueue.frontdoor.grpc_connections import Call, GrpcServer, Method
 
     async def echo(data: bytes, call: Call) -> bytes:
         return data

@@ -644,7 +644,10 @@ class HttpListenerConfig(Section):
     tls: TlsConfig | None = Field(None, description="TLS on this listener")
     max_connections: Count | None = Field(None, description="connections at once; beyond it a new one is closed")
     header_timeout_s: Seconds = Field(
-        20.0, ge=0.1, description="the TLS handshake and the first request's head must arrive within it"
+        20.0, ge=0.1, description="the TLS handshake and the first request's head must arrive within it, and a later head within it of its first byte"
+    )
+    keep_alive_timeout_s: Seconds = Field(
+        75.0, ge=0.1, description="a connection idle between requests for this long is closed"
     )
     body_timeout_s: Seconds = Field(
         60.0, ge=0.1, description="a request's body must arrive within it of its head, else 408"

@@ -17,11 +17,11 @@ import trio
 
 from boxqueue.config import Address, Config, MetricsConfig, SonyaConfig, SpaceConfig, ZaqarConfig
 from boxqueue.errcodes import BoxError
-from boxqueue.facades.asgi_serving import Listening
 from boxqueue.facades.sonya import serve_sonya
 from boxqueue.facades.zaqar import TokenAuth, serve_zaqar
 from boxqueue.facades.zaqar.queues import ZaqarQueues
 from boxqueue.facades.zaqar.responses import Limits
+from boxqueue.frontdoor.asgi_serving import Listening
 from boxqueue.iproto.builtins import register_builtins
 from boxqueue.iproto.console import ConsoleServer
 from boxqueue.iproto.dispatch import Dispatcher
@@ -158,7 +158,8 @@ def http_listening(section: ZaqarConfig | SonyaConfig | MetricsConfig) -> Listen
     tls = section.tls
     context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
     return Listening(ssl_context=context, max_connections=section.max_connections,
-                     header_timeout_s=section.header_timeout_s, body_timeout_s=section.body_timeout_s)
+                     header_timeout_s=section.header_timeout_s, keep_alive_timeout_s=section.keep_alive_timeout_s,
+                     body_timeout_s=section.body_timeout_s)
 
 
 class Server:
@@ -482,8 +483,8 @@ class Server:
 
     async def _start_follower_facades(self, facades: trio.Nursery) -> Callable[[], None]:
         """A follower's Zaqar and Sonya: every request answered 503, naming the leader."""
-        from boxqueue.facades.asgi_serving import serve_asgi
         from boxqueue.facades.follower import unavailable_app
+        from boxqueue.frontdoor.asgi_serving import serve_asgi
 
         stopping = trio.Event()
         node = self.replica

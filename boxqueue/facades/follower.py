@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from boxqueue.facades.asgi_serving import answer_lifespan
-from boxqueue.facades.grpc_connections import Call, GrpcError, Method, Status
+from boxqueue.frontdoor.asgi_serving import answer_lifespan
+from boxqueue.frontdoor.grpc_connections import Call, GrpcError, Method, Status
 
 LEADER_HEADER = "x-boxqueue-leader"
 LEADER_METADATA = "boxqueue-leader"

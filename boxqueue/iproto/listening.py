@@ -38,7 +38,7 @@ def peer_text(stream: trio.SocketStream) -> str:
 
 class Gate:
     """A listener's open connections, against its limit; the first refusal in each ten seconds is
-    logged. The HTTP listeners' front door (``boxqueue/facades/asgi_serving.py``) counts with it too."""
+    logged. The HTTP listeners' front door (``boxqueue/frontdoor/asgi_serving.py``) counts with it too."""
 
     def __init__(self, name: str, limit: int | None) -> None:
         self.name = name

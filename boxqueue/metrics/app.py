@@ -2,7 +2,7 @@
 files, ``/api/snapshot`` (JSON), ``/api/events`` (server-sent events, one snapshot a second) and
 the health checks ``/health``, ``/health/leader`` and ``/health/replica``.
 
-Served through :func:`facades.asgi_serving.serve_asgi`, the one HTTP stack of the facades, so
+Served through :func:`frontdoor.asgi_serving.serve_asgi`, the one HTTP stack of the facades, so
 whatever that stack gains (TLS, connection limits) this listener has too.
 """
 
@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from boxqueue.facades.asgi_serving import PLAIN, Listening, serve_asgi
+from boxqueue.frontdoor.asgi_serving import PLAIN, Listening, serve_asgi
 from boxqueue.metrics.auth import BasicAuth
 from boxqueue.metrics.collector import BoxqueueCollector, tube_families
 from boxqueue.metrics.dashboard_data import PAGE_SIZE, Dashboard, lag_of, upstream_of

@@ -1,4 +1,4 @@
-"""HTTP/2 under fuzz: the codec of our own (``boxqueue/facades/http2_codec.py``) and the gRPC server
+"""HTTP/2 under fuzz: the codec of our own (``boxqueue/frontdoor/http2_codec.py``) and the gRPC server
 over it, with frames of every type, random flags, stream ids and payloads, and random bytes.
 
 The codec, in process: whatever arrives, it returns events or raises :class:`Http2Error` (with a
@@ -16,12 +16,12 @@ from grpc_health.v1.health_pb2_grpc import HealthStub
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxqueue.facades.http2_codec import MAX_FRAME, PREFACE, Http2Error, ServerCodec, frame
+from boxqueue.frontdoor.http2_codec import MAX_FRAME, PREFACE, Http2Error, ServerCodec, frame
 from tests.fuzz.conftest import fuzz_settings
 
 # Mostly well-formed frames (a head the codec can decode among them) so the fuzzing gets past the
 # frame layer; flags and stream ids from small sets so streams are opened, continued and reset.
-HEAD = bytes.fromhex("83") + b"\x04\x0c/t.T/Method" + b"\x5f\x10application/grpc"  # POST, :path, content-type
+HEAD = bytes.fromhex("8386") + b"\x04\x0c/t.T/Method" + b"\x5f\x10application/grpc"  # POST, http, :path, content-type
 frames = st.builds(
     frame,
     st.integers(0, 11),

@@ -1,4 +1,4 @@
-"""The front door's own gRPC server (``boxqueue.facades.grpc_connections``), in process: a
+"""The front door's own gRPC server (``boxqueue.frontdoor.grpc_connections``), in process: a
 :class:`GrpcServer` on a free loopback port with a few small methods, called by grpcio's client
 (from a worker thread, as grpcio's blocking client wants) while the server runs on trio."""
 
@@ -13,7 +13,7 @@ import hpack
 import pytest
 import trio
 
-from boxqueue.facades.grpc_connections import (
+from boxqueue.frontdoor.grpc_connections import (
     Call,
     GrpcError,
     GrpcServer,
@@ -22,7 +22,7 @@ from boxqueue.facades.grpc_connections import (
     Status,
     grpc_message,
 )
-from boxqueue.facades.http2_codec import PREFACE, frame
+from boxqueue.frontdoor.http2_codec import PREFACE, frame
 from boxqueue.spaces.later import Later
 
 LIMIT = 64 * 1024

@@ -1,4 +1,4 @@
-"""The front door's own HTTP/1.1 server (``boxqueue.facades.http1_connections``), in process:
+"""The front door's own HTTP/1.1 server (``boxqueue.frontdoor.http1_connections``), in process:
 ``serve_asgi(..., http1=True)`` on a free loopback port with a small ASGI application, driven
 by raw sockets (to see the bytes and the connection's fate) and by httpx."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import trio
 
-from boxqueue.facades.asgi_serving import Listening, serve_asgi
+from boxqueue.frontdoor.asgi_serving import Listening, serve_asgi
 
 
 class App:
@@ -329,4 +329,71 @@ async def test_http_1_0_long_heads_and_upgrades_on_a_kept_connection_end_it() ->
         assert status.startswith(b"HTTP/1.1 200") and headers[b"connection"] == b"close"
         assert json.loads(body)["path"] == "/up"
         assert await conn.closed()
+        shutdown.set()
+
+
+async def test_a_head_trickling_in_after_a_request_is_cut_off_at_the_header_timeout() -> None:
+    """A slowloris on a kept-alive connection: the next head a byte at a time. The head must end
+    within ``header_timeout_s`` of its first byte, however often bytes come (the keep-alive
+    deadline was restarted at every read: such a head held the connection for ever)."""
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app, keep_alive_timeout_s=5.0, header_timeout_s=1.0)
+        conn = await Raw.to(port)
+        await conn.send(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await conn.answer()
+        started = trio.current_time()
+        ended = None
+        with trio.move_on_after(8):
+            for byte in b"GET /second HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+                try:
+                    await conn.send(bytes((byte,)))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                with trio.move_on_after(0.2):
+                    if await conn.stream.receive_some(65536) == b"":
+                        break
+            ended = trio.current_time() - started
+        assert ended is not None and ended < 3.0, ended
+        assert app.scopes[-1]["path"] == "/first"
+        shutdown.set()
+
+
+async def test_an_http_1_1_request_needs_one_host() -> None:
+    """RFC 9112 3.2: none, or two, is 400 and the connection closes; HTTP/1.0 needs none."""
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        for request in (b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /nohost HTTP/1.1\r\n\r\n",
+                        b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /two HTTP/1.1\r\nHost: h\r\nHost: i\r\n\r\n"):
+            conn = await Raw.to(port)
+            await conn.send(request)
+            status, _, body = await conn.answer()
+            assert status.startswith(b"HTTP/1.1 200") and json.loads(body)["path"] == "/a"
+            status, headers, _ = await conn.answer()
+            assert status.startswith(b"HTTP/1.1 400") and headers[b"connection"] == b"close", request
+            assert await conn.closed()
+        assert [scope["path"] for scope in app.scopes] == ["/a", "/a"]
+        conn = await Raw.to(port)
+        await conn.send(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /old HTTP/1.0\r\n\r\n")
+        await conn.answer()
+        status, _, body = await conn.answer()
+        assert status.startswith(b"HTTP/1.1 200") and json.loads(body)["path"] == "/old"
+        shutdown.set()
+
+
+async def test_a_streamed_answer_to_head_sends_no_chunks() -> None:
+    """An answer to HEAD has no body: not even the chunked framing's last chunk, which the client
+    would read as the start of the next answer."""
+    app = App()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await start(nursery, app)
+        conn = await Raw.to(port)
+        await conn.send(b"HEAD /stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        status, headers, _ = await conn.answer(head=True)
+        assert status.startswith(b"HTTP/1.1 200") and headers[b"transfer-encoding"] == b"chunked"
+        await conn.send(b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+        status, _, body = await conn.answer()
+        assert status.startswith(b"HTTP/1.1 200"), status  # the next answer, nothing before it
+        assert json.loads(body)["path"] == "/next"
         shutdown.set()

@@ -7,8 +7,8 @@ import pytest
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.facades.deckard.errors import InvalidArgument, answers_errors, grpc_error, status_for
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
-from boxqueue.facades.grpc_connections import GrpcError, Status
-from boxqueue.facades.grpc_services import parse
+from boxqueue.frontdoor.grpc_connections import GrpcError, Status
+from boxqueue.frontdoor.grpc_services import parse
 from boxqueue.storage.environment import StorageError
 
 

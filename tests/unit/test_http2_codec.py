@@ -10,18 +10,26 @@ import h2.events
 import hpack
 import pytest
 
-from boxqueue.facades.http2_codec import (
+from boxqueue.frontdoor.http2_codec import (
     DATA,
+    ENHANCE_YOUR_CALM,
     F_CONTINUATION,
     F_DATA,
     F_HEADERS,
     F_PING,
     F_PUSH_PROMISE,
+    FLOW_CONTROL_ERROR,
     GOAWAY,
     HEAD_BLOCK,
+    IDLE_FRAME_BURST,
+    IDLE_FRAME_RATE,
+    MAX_CONTINUATIONS,
     PREFACE,
+    PROTOCOL_ERROR,
     REQUEST,
     RESET,
+    RESET_BURST,
+    RESET_RATE,
     WINDOW,
     Http2Error,
     ServerCodec,
@@ -119,8 +127,7 @@ def test_what_the_client_sends_is_acknowledged():
 def test_a_head_over_continuation_frames_and_padding():
     server = ServerCodec()
     server.receive(PREFACE + frame(4, 0, 0))
-    block = hpack.Encoder().encode([(b":path", b"/t.T/Echo"), (b"content-type", b"application/grpc"),
-                                    (b"x-long", b"v" * 3000)])
+    block = hpack.Encoder().encode([*HEAD, (b"x-long", b"v" * 3000)])
     events = server.receive(frame(F_HEADERS, 0x8, 1, bytes([4]) + block[:1000] + b"\x00" * 4)
                             + frame(F_CONTINUATION, 0, 1, block[1000:2000])
                             + frame(F_CONTINUATION, 0x4, 1, block[2000:]))
@@ -146,7 +153,7 @@ def test_too_many_streams_are_refused_and_resets_reported():
     server = ServerCodec(max_streams=2)
     server.receive(PREFACE + frame(4, 0, 0))
     encoder = hpack.Encoder()
-    heads = b"".join(frame(F_HEADERS, 0x4, sid, encoder.encode([(b":path", b"/t.T/Echo")])) for sid in (1, 3, 5))
+    heads = b"".join(frame(F_HEADERS, 0x4, sid, encoder.encode(HEAD)) for sid in (1, 3, 5))
     events = server.receive(heads)
     assert [e[1] for e in events if e[0] == REQUEST] == [1, 3]
     assert frame(3, 0, 5, (7).to_bytes(4, "big")) in server.data_to_send()  # RST_STREAM REFUSED_STREAM
@@ -186,3 +193,183 @@ def test_integers_and_literals_decode_as_hpack_says():
     assert decoder.decode(block, raw=True) == [(b":status", b"200"), (b"content-type", b"application/grpc"),
                                                (b"grpc-message", b"m" * 300), (b"k" * 130, b"")]
     assert not decoder.header_table.dynamic_entries  # nothing was added to the client's dynamic table
+
+
+class FrozenClock:
+    """The codec's clock, moved by hand: budgets refill only when the test says time passed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def opened(**kwargs) -> ServerCodec:
+    server = ServerCodec(**kwargs)
+    server.receive(PREFACE + frame(4, 0, 0))
+    server.data_to_send()
+    return server
+
+
+def frames_of(out: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream, payload) of each frame in ``out``."""
+    found, position = [], 0
+    while position < len(out):
+        length = int.from_bytes(out[position:position + 3], "big")
+        found.append((out[position + 3], out[position + 4], int.from_bytes(out[position + 5:position + 9], "big"),
+                      out[position + 9:position + 9 + length]))
+        position += 9 + length
+    return found
+
+
+def error_code(excinfo: pytest.ExceptionInfo[Http2Error]) -> int:
+    return excinfo.value.code
+
+
+def test_a_lowered_header_table_size_is_followed_by_a_table_size_update():
+    """nghttp's ``-c 0``: the client's decoder shrinks its table and expects our next head to
+    begin with a dynamic table size update (RFC 7541 4.2); later heads need none."""
+    server = opened()
+    server.receive(frame(4, 0, 0, (1).to_bytes(2, "big") + (0).to_bytes(4, "big")))
+    server.receive(frame(F_HEADERS, 0x5, 1, hpack.Encoder().encode(HEAD)))
+    server.send_head(1, end=True)
+    heads = [f for f in frames_of(server.data_to_send()) if f[0] == F_HEADERS]
+    assert heads[0][3][:1] == b"\x20" and heads[0][3][1:] == HEAD_BLOCK
+    decoder = hpack.Decoder()
+    decoder.header_table_size = 0
+    assert decoder.decode(heads[0][3], raw=True)[0] == (b":status", b"200")
+    server.receive(frame(F_HEADERS, 0x5, 3, hpack.Encoder().encode(HEAD)))
+    server.send_head(3, end=True)
+    assert next(f for f in frames_of(server.data_to_send()) if f[0] == F_HEADERS)[3] == HEAD_BLOCK
+
+
+def test_data_beyond_the_streams_window_is_a_flow_control_error():
+    server = opened(stream_window=1000)
+    encoder = hpack.Encoder()
+    assert server.receive(frame(F_HEADERS, 0x4, 1, encoder.encode(HEAD)))[0][0] == REQUEST
+    assert server.receive(frame(F_DATA, 0, 1, b"x" * 400))[0][0] == DATA
+    assert server.receive(frame(F_DATA, 0, 1, b"x" * 601)) == [(RESET, 1)]  # 1,001 on a window of 1,000
+    assert (3, 0, 1, FLOW_CONTROL_ERROR.to_bytes(4, "big")) in frames_of(server.data_to_send())
+    assert server.receive(frame(F_DATA, 0x1, 1, b"late")) == []  # crossed the reset: dropped
+    assert server.receive(frame(F_HEADERS, 0x5, 3, encoder.encode(HEAD)))[0][:2] == (REQUEST, 3)
+
+
+@pytest.mark.parametrize("head", [
+    [*HEAD[:5], ("Content-Type", "application/grpc")],  # upper case
+    [*HEAD, ("connection", "keep-alive")],
+    [*HEAD, ("te", "gzip")],
+    [*HEAD, ("x-a b", "v")],  # a space in a name
+    [*HEAD, ("x-v", " padded")],
+    [*HEAD, ("x-v", "a\x00b")],
+    [("content-type", "application/grpc"), *HEAD[:4]],  # a pseudo-header after a regular field
+    [*HEAD[:4], (":status", "200"), *HEAD[4:]],  # a response's pseudo-header
+    [*HEAD[:4], (":path", "/again"), *HEAD[4:]],  # twice
+    [h for h in HEAD if h[0] != ":scheme"],  # missing
+    [(":method", "POST"), (":scheme", "http"), (":path", ""), *HEAD[3:]],  # empty
+])
+def test_a_malformed_request_is_a_stream_error(head):
+    """RFC 9113 8.2 and 8.3: the stream is reset with PROTOCOL_ERROR, no request reaches the
+    server, and the connection goes on."""
+    server = opened()
+    encoder = hpack.Encoder()
+    assert server.receive(frame(F_HEADERS, 0x5, 1, encoder.encode(head))) == []
+    assert (3, 0, 1, PROTOCOL_ERROR.to_bytes(4, "big")) in frames_of(server.data_to_send())
+    assert server.receive(frame(F_DATA, 0x1, 1, b"crossed")) == []
+    assert server.receive(frame(F_HEADERS, 0x5, 3, encoder.encode(HEAD)))[0][:2] == (REQUEST, 3)
+
+
+def test_trailers_with_a_pseudo_header_reset_the_stream():
+    server = opened()
+    encoder = hpack.Encoder()
+    server.receive(frame(F_HEADERS, 0x4, 1, encoder.encode(HEAD)))
+    assert server.receive(frame(F_HEADERS, 0x5, 1, encoder.encode([(":path", "/x")]))) == [(RESET, 1)]
+    assert (3, 0, 1, PROTOCOL_ERROR.to_bytes(4, "big")) in frames_of(server.data_to_send())
+
+
+def test_a_stream_id_going_backwards_and_a_window_update_on_an_idle_stream_end_the_connection():
+    encoder = hpack.Encoder()
+    server = opened()
+    server.receive(frame(F_HEADERS, 0x5, 5, encoder.encode(HEAD)))
+    with pytest.raises(Http2Error) as err:
+        server.receive(frame(F_HEADERS, 0x5, 3, encoder.encode(HEAD)))
+    assert error_code(err) == PROTOCOL_ERROR
+    assert frames_of(server.data_to_send())[-1][0] == 7  # GOAWAY
+    server = opened()
+    encoder = hpack.Encoder()
+    server.receive(frame(F_HEADERS, 0x5, 1, encoder.encode(HEAD)))
+    server.receive(frame(8, 0, 1, (10).to_bytes(4, "big")))  # an open stream: fine
+    with pytest.raises(Http2Error) as err:
+        server.receive(frame(8, 0, 9, (10).to_bytes(4, "big")))
+    assert error_code(err) == PROTOCOL_ERROR
+
+
+def test_rapid_resets_end_the_connection_with_enhance_your_calm():
+    """HEADERS then RST_STREAM, again and again, on a codec of 2 streams: the budget of resets
+    (RESET_BURST at once) runs out and the connection ends; a client that waits gets it back."""
+    clock = FrozenClock()
+    server = opened(max_streams=2, clock=clock)
+    encoder = hpack.Encoder()
+    requests = 0
+    with pytest.raises(Http2Error) as err:
+        for sid in range(1, 4001, 2):
+            events = server.receive(frame(F_HEADERS, 0x4, sid, encoder.encode(HEAD)) + frame(3, 0, sid, (8).to_bytes(4, "big")))
+            requests += sum(1 for e in events if e[0] == REQUEST)
+    assert error_code(err) == ENHANCE_YOUR_CALM
+    assert requests == RESET_BURST
+    server = opened(max_streams=2, clock=clock)
+    encoder = hpack.Encoder()
+    for n in range(3 * RESET_BURST):
+        sid = 2 * n + 1
+        clock.now += 1 / (RESET_RATE / 2)  # half the rate: never refused
+        server.receive(frame(F_HEADERS, 0x4, sid, encoder.encode(HEAD)) + frame(3, 0, sid, (8).to_bytes(4, "big")))
+
+
+def test_streams_refused_over_the_limit_count_as_resets():
+    server = opened(max_streams=1, clock=FrozenClock())
+    encoder = hpack.Encoder()
+    server.receive(frame(F_HEADERS, 0x4, 1, encoder.encode(HEAD)))
+    with pytest.raises(Http2Error) as err:
+        for sid in range(3, 4001, 2):
+            server.receive(frame(F_HEADERS, 0x4, sid, encoder.encode(HEAD)))
+    assert error_code(err) == ENHANCE_YOUR_CALM
+
+
+def test_a_continuation_flood_ends_the_connection():
+    """Empty CONTINUATION frames after a head that never ends (the 2024 CONTINUATION flood)."""
+    server = opened()
+    server.receive(frame(F_HEADERS, 0, 1, hpack.Encoder().encode(HEAD)))
+    with pytest.raises(Http2Error) as err:
+        server.receive(frame(F_CONTINUATION, 0, 1) * (MAX_CONTINUATIONS + 1))
+    assert error_code(err) == ENHANCE_YOUR_CALM
+
+
+@pytest.mark.parametrize("flood", [
+    frame(F_PING, 0, 0, b"12345678"),
+    frame(4, 0, 0),  # an empty SETTINGS
+    frame(2, 0, 1, b"\x00\x00\x00\x00\x10"),  # PRIORITY
+    frame(0xBB, 0, 0, b"?"),  # a type nobody knows
+])
+def test_frames_without_work_are_budgeted(flood):
+    clock = FrozenClock()
+    server = opened(clock=clock)
+    server.receive(flood * (IDLE_FRAME_BURST - 1))
+    clock.now += 1.0  # refilled at IDLE_FRAME_RATE
+    server.receive(flood * int(IDLE_FRAME_RATE))
+    with pytest.raises(Http2Error) as err:
+        server.receive(flood * 2)
+    assert error_code(err) == ENHANCE_YOUR_CALM
+
+
+def test_partial_input_is_reported():
+    server = ServerCodec()
+    assert server.partial()
+    server.receive(PREFACE + frame(4, 0, 0))
+    assert not server.partial()
+    block = hpack.Encoder().encode(HEAD)
+    server.receive(frame(F_HEADERS, 0, 1, block))
+    assert server.partial()  # a head awaiting its CONTINUATION
+    server.receive(frame(F_CONTINUATION, 0x4, 1))
+    assert not server.partial()
+    server.receive(frame(F_DATA, 0, 1, b"abc")[:5])
+    assert server.partial()

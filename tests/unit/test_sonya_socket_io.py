@@ -8,10 +8,10 @@ import re
 import h11
 import pytest
 
-from boxqueue.facades.asgi_serving import responder
 from boxqueue.facades.sonya.app import denied_response, messages_response, not_found_response
 from boxqueue.facades.sonya.socket_io import fast_response, http_response, keep_alive
 from boxqueue.facades.sonya.tokens import Denied
+from boxqueue.frontdoor.asgi_serving import responder
 from boxqueue.tubes.sequences import message
 
 HEADS = [

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 
-from boxqueue.facades.grpc_connections import Call, GrpcError, Status
+from boxqueue.frontdoor.grpc_connections import Call, GrpcError, Status
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 DENIED = "missing or invalid authorization token (expected `authorization: Bearer <token>`)"

@@ -5,11 +5,11 @@
 * A fault below the facade (storage, engine) is ``INTERNAL`` with Deckard's text for the method
   ("error adding messages", ...) followed by the cause.
 * Request bytes that are not the method's message are ``INTERNAL`` with the cause, as Deckard's
-  Go server answers (:func:`boxqueue.facades.grpc_services.parse`).
+  Go server answers (:func:`boxqueue.frontdoor.grpc_services.parse`).
 * "Not found" is never an error: the handlers answer ``found=false`` / ``success=false``.
 
 Oversized messages (``RESOURCE_EXHAUSTED``) and unknown methods (``UNIMPLEMENTED``) are answered
-by the gRPC server (:mod:`boxqueue.facades.grpc_connections`) before a handler runs.
+by the gRPC server (:mod:`boxqueue.frontdoor.grpc_connections`) before a handler runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from boxqueue.errcodes import ER, BoxError
-from boxqueue.facades.grpc_connections import GrpcError, Status
+from boxqueue.frontdoor.grpc_connections import GrpcError, Status
 
 log = logging.getLogger(__name__)
 

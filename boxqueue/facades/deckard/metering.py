@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from boxqueue.facades.grpc_connections import Call, GrpcError, Status
+from boxqueue.frontdoor.grpc_connections import Call, GrpcError, Status
 from boxqueue.measures import RequestMeter
 
 

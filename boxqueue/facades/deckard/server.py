@@ -2,7 +2,7 @@
 
 :meth:`DeckardFacade.run` is a trio task (started in the server's nursery). It serves Deckard's ten
 methods, the standard health service and server reflection through
-:class:`boxqueue.facades.grpc_connections.GrpcServer`, with Deckard's 4 MiB message limits, and
+:class:`boxqueue.frontdoor.grpc_connections.GrpcServer`, with Deckard's 4 MiB message limits, and
 reports the bound port. Each call runs in a trio task on the engine's own loop: no thread pool,
 no hop between threads (grpcio's thread-pool server cost 2.8x the CPU per call with that hop;
 ``bench/grpc_servers.py``, docs/performance.md). When the task is cancelled the health service
@@ -23,8 +23,8 @@ from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
 from boxqueue.facades.deckard.metering import CallMeter
 from boxqueue.facades.deckard.service import MAX_MESSAGE_BYTES, DeckardService, deckard_methods
 from boxqueue.facades.follower import unavailable_methods
-from boxqueue.facades.grpc_connections import GrpcServer, Limits, Method
-from boxqueue.facades.grpc_services import (
+from boxqueue.frontdoor.grpc_connections import GrpcServer, Limits, Method
+from boxqueue.frontdoor.grpc_services import (
     HEALTH,
     NOT_SERVING,
     REFLECTION_V1,

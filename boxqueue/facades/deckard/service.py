@@ -1,7 +1,7 @@
 """The ten Deckard methods: requests to engine calls on the Deckard space, answers back (spec
 section 2, K1-K13). A queue is a tube of that space; the facade only translates.
 
-Handlers run on trio, in the task the gRPC server (:mod:`boxqueue.facades.grpc_connections`)
+Handlers run on trio, in the task the gRPC server (:mod:`boxqueue.frontdoor.grpc_connections`)
 gives each call. An engine call's answer is waited for whatever happens to the call: its
 :class:`spaces.later.Later` cannot be cancelled, and a coroutine (Add's upsert, Flush) runs
 shielded, so a call its client gives up on (a deadline, a reset, the server stopping) still
@@ -21,8 +21,8 @@ import trio
 from boxqueue.facades.deckard import translate
 from boxqueue.facades.deckard.errors import answers_errors, grpc_error
 from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
-from boxqueue.facades.grpc_connections import Call, Method
-from boxqueue.facades.grpc_services import parse
+from boxqueue.frontdoor.grpc_connections import Call, Method
+from boxqueue.frontdoor.grpc_services import parse
 from boxqueue.spaces.later import Later
 from boxqueue.tubes.engine import QueueEngine
 from boxqueue.tubes.kinds import DECKARD
@@ -50,7 +50,7 @@ class DeckardService:
     """``blipai.deckard.Deckard`` over the tubes of one space.
 
     Add, Flush and EditQueue are coroutines (the gRPC server runs each call in a task). The
-    others are quick (:class:`boxqueue.facades.grpc_connections.Method`): one engine operation,
+    others are quick (:class:`boxqueue.frontdoor.grpc_connections.Method`): one engine operation,
     so they answer at once or return the operation's :class:`Later` mapped to the answer, and the
     server writes the answer from its callback, without a task per call."""
 

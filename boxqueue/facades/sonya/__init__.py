@@ -5,12 +5,12 @@ from __future__ import annotations
 import h11
 import trio
 
-from boxqueue.facades.asgi_serving import PLAIN, Handler, Listening, serve_asgi
-from boxqueue.facades.http_meter import ASGIApp, MeteredApp
 from boxqueue.facades.sonya.app import SonyaApi
 from boxqueue.facades.sonya.longpolls import LongPolls
 from boxqueue.facades.sonya.socket_listeners import WebSocketListeners
 from boxqueue.facades.sonya.tokens import Tokens
+from boxqueue.frontdoor.asgi_serving import PLAIN, Handler, Listening, serve_asgi
+from boxqueue.frontdoor.http_meter import ASGIApp, MeteredApp
 from boxqueue.measures import RequestMeter
 from boxqueue.tubes.broadcast import Broadcast
 

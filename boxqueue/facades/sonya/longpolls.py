@@ -1,7 +1,7 @@
 """Sonya's long-polls on connections of their own, below the ASGI layer.
 
 A connection whose first request is ``GET /queue/listen/longpoll/{queue}[/{id}]`` (no body) is
-taken over from hypercorn (``boxqueue.facades.asgi_serving``) and its requests are answered here for as
+taken over from hypercorn (``boxqueue.frontdoor.asgi_serving``) and its requests are answered here for as
 long as they are long-polls: the same checks, statuses, bodies and wait rules as the Starlette
 endpoint (``SonyaApi.longpoll``), each answer written with one ``send``. Heads are parsed (and
 checked) by h11; answers are framed here, as h11 frames them, because h11's state machine cost
@@ -28,7 +28,6 @@ import h11
 import trio
 from starlette.datastructures import Headers, QueryParams
 
-from boxqueue.facades.asgi_serving import HEAD_END, Handler, parse_head
 from boxqueue.facades.sonya.app import denied_response, messages_response, not_found_response
 from boxqueue.facades.sonya.inputs import parse_sequence
 from boxqueue.facades.sonya.socket_io import (
@@ -40,6 +39,7 @@ from boxqueue.facades.sonya.socket_io import (
     send_all,
 )
 from boxqueue.facades.sonya.tokens import Denied, Tokens, bearer
+from boxqueue.frontdoor.asgi_serving import HEAD_END, Handler, parse_head
 from boxqueue.measures import RequestMeter
 from boxqueue.tubes.broadcast import Broadcast, Subscription
 from boxqueue.tubes.sequences import Message

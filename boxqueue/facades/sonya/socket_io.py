@@ -10,7 +10,7 @@ from urllib.parse import unquote
 import h11
 from starlette.responses import Response
 
-from boxqueue.facades.http1_connections import SEND_TIMEOUT_S, http_date, receive_some, send_all
+from boxqueue.frontdoor.http1_connections import SEND_TIMEOUT_S, http_date, receive_some, send_all
 
 __all__ = ["SEND_TIMEOUT_S", "Route", "fast_response", "http_response", "keep_alive", "match_get",
            "receive_some", "send_all"]

@@ -1,7 +1,7 @@
 """Sonya's WebSocket listeners on sockets of their own, below the ASGI layer.
 
 A connection whose first request is a WebSocket upgrade of ``/queue/listen/ws/{queue}[/{id}]`` is
-taken over from hypercorn (``boxqueue.facades.asgi_serving``): the handshake is answered here (the same
+taken over from hypercorn (``boxqueue.frontdoor.asgi_serving``): the handshake is answered here (the same
 checks, statuses and bodies as the Starlette endpoint), then the listener is a
 :class:`tubes.broadcast.Sink`. The fan-out hands it each message synchronously; its frame is
 encoded once per message for all listeners (``boxqueue.facades.sonya.frames``) and written straight to the
@@ -41,7 +41,6 @@ from wsproto.connection import Connection, ConnectionState
 from wsproto.events import CloseConnection, Ping
 from wsproto.utilities import generate_accept_token, split_comma_header
 
-from boxqueue.facades.asgi_serving import Handler, responder
 from boxqueue.facades.sonya.app import CLOSE_CODES, denied_response, not_found_response
 from boxqueue.facades.sonya.frames import FrameEncoder, Variant, accept_extensions
 from boxqueue.facades.sonya.inputs import parse_sequence
@@ -53,6 +52,7 @@ from boxqueue.facades.sonya.socket_io import (
     send_all,
 )
 from boxqueue.facades.sonya.tokens import Denied, Tokens, bearer
+from boxqueue.frontdoor.asgi_serving import Handler, responder
 from boxqueue.measures import RequestMeter
 from boxqueue.tubes.broadcast import OVERFLOW, Broadcast
 from boxqueue.tubes.sequences import Message

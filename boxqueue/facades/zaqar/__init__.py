@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import trio
 
-from boxqueue.facades.asgi_serving import PLAIN, Listening, serve_asgi
-from boxqueue.facades.http_meter import MeteredApp
 from boxqueue.facades.zaqar.app import ZaqarApp
 from boxqueue.facades.zaqar.auth import TokenAuth
 from boxqueue.facades.zaqar.queues import ZaqarQueues
 from boxqueue.facades.zaqar.responses import Limits
+from boxqueue.frontdoor.asgi_serving import PLAIN, Listening, serve_asgi
+from boxqueue.frontdoor.http_meter import MeteredApp
 from boxqueue.measures import RequestMeter
 
 __all__ = ["Limits", "TokenAuth", "ZaqarApp", "serve_zaqar"]

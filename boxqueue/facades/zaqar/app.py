@@ -19,8 +19,6 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from boxqueue.errcodes import ER, BoxError
-from boxqueue.facades.asgi_serving import answer_lifespan
-from boxqueue.facades.http_meter import OPERATION
 from boxqueue.facades.zaqar import http_input as inp
 from boxqueue.facades.zaqar import queues as store
 from boxqueue.facades.zaqar.admin import AdminHandlers
@@ -54,6 +52,8 @@ from boxqueue.facades.zaqar.responses import (
     page_limit,
     stat_doc,
 )
+from boxqueue.frontdoor.asgi_serving import answer_lifespan
+from boxqueue.frontdoor.http_meter import OPERATION
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""gRPC served by the front door itself: HTTP/2 through :mod:`boxqueue.facades.http2_codec`, on trio.
+"""gRPC served by the front door itself: HTTP/2 through :mod:`boxqueue.frontdoor.http2_codec`, on trio.
 
 grpcio's server runs each call on a thread of its pool; the engine lives on trio's loop, so every
 Deckard call crossed from a pool thread to trio and back (about 100 us of CPU per call, on top of
@@ -55,7 +55,7 @@ from urllib.parse import quote
 
 import trio
 
-from boxqueue.facades.http2_codec import (
+from boxqueue.frontdoor.http2_codec import (
     DATA,
     ENHANCE_YOUR_CALM,
     HEAD_BLOCK,

@@ -10,17 +10,32 @@ to that part, as RFC 9113 says it must be done:
 * the client's preface, then frames of at most 16 KiB (our ``SETTINGS_MAX_FRAME_SIZE``); a head
   split over CONTINUATION frames; padding and priority fields; PING answered; SETTINGS applied
   and acknowledged; PRIORITY and frame types it does not know ignored; a PUSH_PROMISE, a frame of
-  the wrong size or on the wrong stream, a stream id that goes backwards are connection errors
-  (a GOAWAY with the code, then :class:`Http2Error`);
+  the wrong size or on the wrong stream, a new stream whose id is not above the last one, a
+  WINDOW_UPDATE on a stream not yet opened are connection errors (a GOAWAY with the code, then
+  :class:`Http2Error`); frames on a stream we reset are ignored (they may have crossed our reset);
 * header blocks decoded by the ``hpack`` library (the dynamic table, Huffman codes, the size
   limits); our heads and trailers are encoded as literals that do not touch the client's dynamic
   table (``:status 200`` and ``content-type`` from the static table), so no encoder state is
-  needed;
+  needed but one: a client that sets ``SETTINGS_HEADER_TABLE_SIZE`` is sent a dynamic table size
+  update (to 0) at the start of our next head, as RFC 7541 4.2 requires of an encoder;
+* requests checked as RFC 9113 8.2 and 8.3 say (field names in lower case without separators or
+  controls, values without NUL, CR, LF or surrounding white space, no connection-specific fields,
+  ``te`` only ``trailers``, the request pseudo-header fields once each, before the others, and
+  ``:method``, ``:scheme`` and ``:path`` present; none in trailers): a malformed one is a stream
+  error (``RST_STREAM PROTOCOL_ERROR``);
 * flow control both ways: what the client sends is acknowledged as it is read (a WINDOW_UPDATE
-  once half a window is consumed); what we send stays within the client's connection and stream
-  windows (:meth:`ServerCodec.window`), which its WINDOW_UPDATE and SETTINGS frames open;
+  once half a window is consumed), and sending beyond the windows we gave is a
+  ``FLOW_CONTROL_ERROR`` (of the connection, or of the stream); what we send stays within the
+  client's connection and stream windows (:meth:`ServerCodec.window`), which its WINDOW_UPDATE and
+  SETTINGS frames open;
 * ``SETTINGS_MAX_CONCURRENT_STREAMS``: a stream beyond it is refused (``RST_STREAM
-  REFUSED_STREAM``; the client may retry it).
+  REFUSED_STREAM``; the client may retry it);
+* floods: streams reset (by the client, or refused and reset by us) are budgeted like nghttp2's
+  stream reset limit (``RESET_BURST`` at once, then ``RESET_RATE`` a second: the rapid-reset
+  attack, CVE-2023-44487), and so are the frames that ask for work but carry none (PING,
+  SETTINGS, PRIORITY, unknown types, empty DATA: ``IDLE_FRAME_BURST``, ``IDLE_FRAME_RATE``); a
+  head takes at most ``MAX_CONTINUATIONS`` CONTINUATION frames and ``MAX_HEADER_BLOCK`` bytes.
+  Past a budget the connection ends with ``GOAWAY ENHANCE_YOUR_CALM``.
 
 Events are tuples, their first item the kind: ``(REQUEST, stream, headers, ended)``,
 ``(DATA, stream, data, ended)``, ``(RESET, stream)``, ``(WINDOW, 0)`` (the client opened a
@@ -29,6 +44,9 @@ window), ``(GOAWAY, last_stream)`` (the client is leaving).
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import hpack
@@ -60,6 +78,65 @@ DEFAULT_WINDOW = 65535
 MAX_WINDOW = 2**31 - 1
 MAX_FRAME = 16384  # what we accept (the protocol's default: we do not raise it)
 MAX_HEADER_BLOCK = 65536  # a head's encoded bytes, over its frames
+MAX_CONTINUATIONS = 64  # a head's CONTINUATION frames (an empty one adds no bytes but costs a frame)
+RESET_BURST, RESET_RATE = 256, 64.0  # streams reset at once, then a second, before ENHANCE_YOUR_CALM
+IDLE_FRAME_BURST, IDLE_FRAME_RATE = 1000, 200.0  # frames that carry no work, at once, then a second
+RESET_REMEMBERED = 256  # the streams we reset last, whose late frames are ignored
+TABLE_SIZE_ZERO = b"\x20"  # an HPACK dynamic table size update to 0 (RFC 7541 6.3)
+
+# RFC 9113 8.2 and 8.3: what a request's fields may hold.
+REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
+_BAD_NAME = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]").search  # a token in lower case, and nothing else
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$").search
+
+
+class Budget:
+    """A token bucket: ``burst`` spent at once, given back at ``rate`` a second."""
+
+    __slots__ = ("burst", "rate", "clock", "tokens", "at")
+
+    def __init__(self, burst: int, rate: float, clock: Callable[[], float]) -> None:
+        self.burst = burst
+        self.rate = rate
+        self.clock = clock
+        self.tokens = float(burst)
+        self.at = clock()
+
+    def spend(self) -> bool:
+        """One token; False when none is left."""
+        if self.tokens < 1.0:
+            now = self.clock()
+            self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens < 1.0:
+                return False
+        self.tokens -= 1.0
+        return True
+
+
+def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False) -> str | None:
+    """Why a request head (or its trailers) breaks RFC 9113 8.2 and 8.3; None if it does not."""
+    pseudo: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if trailers or regular:
+                return f"the pseudo-header field {name!r} in trailers or after a regular field"
+            if name not in REQUEST_PSEUDO or name in pseudo or not value:
+                return f"the pseudo-header field {name!r} unknown, repeated or empty"
+            pseudo.add(name)
+        else:
+            regular = True
+            if not name or _BAD_NAME(name) is not None:
+                return f"the field name {name!r}"
+            if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+                return f"the connection-specific field {name!r}"
+        if _BAD_VALUE(value) is not None:
+            return f"the value of {name!r}"
+    if not trailers and len(pseudo - {b":authority"}) < 3:
+        return "a request without :method, :scheme or :path"  # gRPC never sends CONNECT
+    return None
 
 
 class Http2Error(Exception):
@@ -100,11 +177,12 @@ HEAD_BLOCK = b"\x88" + _integer(31, 4) + _integer(16, 7) + b"application/grpc"
 
 
 class _Stream:
-    __slots__ = ("send_window", "unacknowledged", "remote_closed", "local_closed")
+    __slots__ = ("send_window", "unacknowledged", "received", "remote_closed", "local_closed")
 
     def __init__(self, send_window: int, remote_closed: bool) -> None:
         self.send_window = send_window
         self.unacknowledged = 0
+        self.received = 0  # bytes of DATA since our last WINDOW_UPDATE of the stream (the window used)
         self.remote_closed = remote_closed
         self.local_closed = False
 
@@ -113,7 +191,7 @@ class ServerCodec:
     """One connection's HTTP/2 state, server side."""
 
     def __init__(self, *, max_streams: int = 100, stream_window: int = 1 << 20, connection_window: int = 4 << 20,
-                 max_header_list: int = 32768) -> None:
+                 max_header_list: int = 32768, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_streams = max_streams
         self.stream_window = stream_window
         self.connection_window = connection_window
@@ -131,6 +209,11 @@ class ServerCodec:
         self._decoder.max_header_list_size = max_header_list
         self._events: list[Any] = []
         self._window_event = False
+        self._continuations = 0
+        self._table_update = b""  # a dynamic table size update owed at the start of our next head
+        self._reset_by_us: dict[int, None] = {}  # the last RESET_REMEMBERED streams we reset
+        self._resets = Budget(RESET_BURST, RESET_RATE, clock)
+        self._idle_frames = Budget(IDLE_FRAME_BURST, IDLE_FRAME_RATE, clock)
         settings = b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big") for key, value in (
             (S_ENABLE_PUSH, 0), (S_MAX_CONCURRENT_STREAMS, max_streams), (S_INITIAL_WINDOW_SIZE, stream_window),
             (S_MAX_HEADER_LIST_SIZE, max_header_list)))
@@ -174,6 +257,11 @@ class ServerCodec:
             events.append((WINDOW, 0))
         return events
 
+    def partial(self) -> bool:
+        """Whether part of the preface, of a frame or of a head (awaiting its CONTINUATION) has come
+        and the rest not yet."""
+        return bool(self._buffer) or self._head is not None or not self._preface
+
     def _fail(self, code: int, text: str) -> None:
         self.out += frame(F_GOAWAY, 0, 0, self.highest.to_bytes(4, "big") + code.to_bytes(4, "big") + text.encode()[:256])
         raise Http2Error(code, text)
@@ -195,6 +283,7 @@ class ServerCodec:
             if stream > self.highest:
                 self._fail(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             if self.streams.pop(stream, None) is not None:
+                self._count_reset()
                 self._events.append((RESET, stream))
         elif kind == F_SETTINGS:
             self._settings(flags, stream, payload)
@@ -204,6 +293,7 @@ class ServerCodec:
             if len(payload) != 8:
                 self._fail(FRAME_SIZE_ERROR, "a PING of another size than 8")
             if not flags & ACK:
+                self._idle_frame()
                 self.out += frame(F_PING, ACK, 0, payload)
         elif kind == F_GOAWAY:
             if stream != 0:
@@ -214,9 +304,21 @@ class ServerCodec:
                 self._fail(PROTOCOL_ERROR, "PRIORITY on the connection")
             if len(payload) != 5:
                 self._fail(FRAME_SIZE_ERROR, "a PRIORITY of another size than 5")
+            self._idle_frame()
         elif kind == F_PUSH_PROMISE:
             self._fail(PROTOCOL_ERROR, "a client does not push")
-        # any other type is ignored (5.5)
+        else:  # any other type is ignored (5.5)
+            self._idle_frame()
+
+    def _idle_frame(self) -> None:
+        """A frame that asks for work and carries none, against its budget."""
+        if not self._idle_frames.spend():
+            self._fail(ENHANCE_YOUR_CALM, "too many frames without a request (PING, SETTINGS, PRIORITY, empty DATA)")
+
+    def _count_reset(self) -> None:
+        """A stream that ended in a reset, against the budget of resets."""
+        if not self._resets.spend():
+            self._fail(ENHANCE_YOUR_CALM, "too many streams reset")
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes | None:
@@ -230,6 +332,8 @@ class ServerCodec:
         if stream == 0:
             self._fail(PROTOCOL_ERROR, "DATA on the connection")
         self._unacknowledged += len(payload)
+        if self._unacknowledged > self.connection_window:
+            self._fail(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
         if self._unacknowledged >= self.connection_window // 2:
             self.out += frame(F_WINDOW_UPDATE, 0, 0, self._unacknowledged.to_bytes(4, "big"))
             self._unacknowledged = 0
@@ -244,14 +348,22 @@ class ServerCodec:
             if state is not None:
                 self.reset(stream, STREAM_CLOSED)
             return  # a stream already reset or answered: dropped
+        state.received += len(payload)
+        if state.received > self.stream_window:
+            self.reset(stream, FLOW_CONTROL_ERROR)
+            self._events.append((RESET, stream))
+            return
         ended = bool(flags & END_STREAM)
         if ended:
             state.remote_closed = True
             self._closed_both(stream, state)
         else:
+            if not payload:
+                self._idle_frame()
             state.unacknowledged += len(payload)
             if state.unacknowledged >= self.stream_window // 2:
                 self.out += frame(F_WINDOW_UPDATE, 0, stream, state.unacknowledged.to_bytes(4, "big"))
+                state.received -= state.unacknowledged
                 state.unacknowledged = 0
         self._events.append((DATA, stream, data, ended))
 
@@ -268,6 +380,7 @@ class ServerCodec:
             self._head_done(stream, bool(flags & END_STREAM), block)
         else:
             self._head = (stream, flags, bytearray(block))
+            self._continuations = 0
 
     def _continuation(self, flags: int, stream: int, payload: bytes) -> None:
         head = self._head
@@ -275,8 +388,10 @@ class ServerCodec:
             self._fail(PROTOCOL_ERROR, "CONTINUATION without its head")
             return
         head[2].extend(payload)
-        if len(head[2]) > MAX_HEADER_BLOCK:
-            self._fail(ENHANCE_YOUR_CALM, f"a head of more than {MAX_HEADER_BLOCK} bytes")
+        self._continuations += 1
+        if len(head[2]) > MAX_HEADER_BLOCK or self._continuations > MAX_CONTINUATIONS:
+            self._fail(ENHANCE_YOUR_CALM,
+                       f"a head of more than {MAX_HEADER_BLOCK} bytes or {MAX_CONTINUATIONS} CONTINUATION frames")
         if flags & END_HEADERS:
             self._head = None
             self._head_done(stream, bool(head[1] & END_STREAM), bytes(head[2]))
@@ -294,19 +409,29 @@ class ServerCodec:
         if state is not None:  # trailers from the client: only the end of its stream matters
             if not ended:
                 self._fail(PROTOCOL_ERROR, "a second head without END_STREAM")
-            if not state.remote_closed:
-                state.remote_closed = True
-                self._closed_both(stream, state)
-                self._events.append((DATA, stream, b"", True))
+            if state.remote_closed:
+                self.reset(stream, STREAM_CLOSED)
+                self._events.append((RESET, stream))
+                return
+            if malformed(headers, trailers=True) is not None:
+                self.reset(stream, PROTOCOL_ERROR)
+                self._count_reset()
+                self._events.append((RESET, stream))
+                return
+            state.remote_closed = True
+            self._closed_both(stream, state)
+            self._events.append((DATA, stream, b"", True))
             return
         if stream <= self.highest or not stream & 1:
-            if stream & 1 and stream <= self.highest:
-                self.out += frame(F_RST_STREAM, 0, stream, STREAM_CLOSED.to_bytes(4, "big"))
-                return
+            if stream in self._reset_by_us:
+                return  # crossed our reset
             self._fail(PROTOCOL_ERROR, f"a client stream id {stream} after {self.highest}")
         self.highest = stream
         if len(self.streams) >= self.max_streams:
-            self.out += frame(F_RST_STREAM, 0, stream, REFUSED_STREAM.to_bytes(4, "big"))
+            self._refuse(stream, REFUSED_STREAM)
+            return
+        if malformed(headers) is not None:
+            self._refuse(stream, PROTOCOL_ERROR)
             return
         self.streams[stream] = _Stream(self.peer_initial_window, ended)
         self._events.append((REQUEST, stream, headers, ended))
@@ -324,6 +449,8 @@ class ServerCodec:
         else:
             state = self.streams.get(stream)
             if state is None:
+                if stream > self.highest:
+                    self._fail(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
                 return
             if increment == 0 or state.send_window + increment > MAX_WINDOW:
                 self.reset(stream, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR)
@@ -341,6 +468,7 @@ class ServerCodec:
             return
         if len(payload) % 6:
             self._fail(FRAME_SIZE_ERROR, "a SETTINGS payload not a multiple of 6")
+        self._idle_frame()
         for i in range(0, len(payload), 6):
             key = int.from_bytes(payload[i:i + 2], "big")
             value = int.from_bytes(payload[i + 2:i + 6], "big")
@@ -358,7 +486,11 @@ class ServerCodec:
                 self.peer_max_frame = value
             elif key == S_ENABLE_PUSH and value > 1:
                 self._fail(PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
-            # HEADER_TABLE_SIZE: our answers never use the dynamic table; the rest is advisory.
+            elif key == S_HEADER_TABLE_SIZE:
+                # Our answers never use the dynamic table, but a decoder whose table the client has
+                # resized expects the encoder to say its size (nghttp2 refuses the next head otherwise).
+                self._table_update = TABLE_SIZE_ZERO
+            # the rest is advisory
         self.out += frame(F_SETTINGS, ACK, 0)
 
     # -- what we send ------------------------------------------------------------------------------
@@ -382,6 +514,9 @@ class ServerCodec:
             return
         limit = self.peer_max_frame
         flags = END_STREAM if end else 0
+        if self._table_update:
+            block = self._table_update + block
+            self._table_update = b""
         if len(block) <= limit:
             self.out += frame(F_HEADERS, flags | END_HEADERS, stream, block)
         else:
@@ -410,7 +545,20 @@ class ServerCodec:
 
     def reset(self, stream: int, code: int = CANCEL) -> None:
         if self.streams.pop(stream, None) is not None:
+            self._remember_reset(stream)
             self.out += frame(F_RST_STREAM, 0, stream, code.to_bytes(4, "big"))
+
+    def _refuse(self, stream: int, code: int) -> None:
+        """A new stream reset at once (refused, or malformed)."""
+        self._remember_reset(stream)
+        self.out += frame(F_RST_STREAM, 0, stream, code.to_bytes(4, "big"))
+        self._count_reset()
+
+    def _remember_reset(self, stream: int) -> None:
+        reset = self._reset_by_us
+        reset[stream] = None
+        if len(reset) > RESET_REMEMBERED:
+            del reset[next(iter(reset))]
 
     def go_away(self, code: int = NO_ERROR) -> None:
         """The streams opened so far may finish; no other will be served."""

@@ -1,6 +1,6 @@
 """The standard gRPC services every Deckard server offers beside Deckard: health checking
 (``grpc.health.v1.Health``) and server reflection (``grpc.reflection.v1alpha`` and ``v1``), as
-methods of :class:`boxqueue.facades.grpc_connections.GrpcServer`.
+methods of :class:`boxqueue.frontdoor.grpc_connections.GrpcServer`.
 
 Health answers as grpcio's ``HealthServicer`` does: ``Check`` of a service it does not know is
 ``NOT_FOUND``; ``Watch`` sends the status at once (``SERVICE_UNKNOWN`` for an unknown service) and
@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
-from boxqueue.facades.grpc_connections import Call, GrpcError, Method, Send, Status
+from boxqueue.frontdoor.grpc_connections import Call, GrpcError, Method, Send, Status
 
 M = TypeVar("M", bound=Message)
 

@@ -4,7 +4,7 @@ hypercorn serves a request through several layers of its own (a connection serve
 object, a stream object, a task spawned per request, an idle timer updated by events, the ASGI
 message queue between them); for a short request those layers cost more than the application's
 work (the Zaqar cycle's profile, docs/performance.md). A listener served with ``http1`` in
-:func:`boxqueue.facades.asgi_serving.serve_asgi` has its plain (not TLS) HTTP/1.1 connections
+:func:`boxqueue.frontdoor.asgi_serving.serve_asgi` has its plain (not TLS) HTTP/1.1 connections
 served here instead: one task per connection reads requests, calls the application in that task
 with an ASGI ``http`` scope, and writes each answer's head and body with one ``send``. TLS
 connections and WebSocket upgrades still go to hypercorn.
@@ -17,14 +17,17 @@ else by its length when it comes in one message, else chunked.
 
 What the front door promises for every HTTP listener holds here too (and is tested against both):
 
-* between requests the keep-alive timeout applies, up to the end of the next head;
+* between requests the keep-alive timeout applies; once the next request's first byte has come,
+  its head must end within ``header_timeout_s`` of it (a deadline set once, not moved by the
+  bytes that trickle in);
 * a request's body must arrive within ``body_timeout_s`` of its head, else ``408`` with
   ``Connection: close`` (unless the answer has begun) and the application's ``receive`` reports
   ``http.disconnect``;
 * an answer that begins before the request's body was received to its end carries
   ``Connection: close``, and the connection closes after it;
 * a request the parser refuses gets ``400`` (``431`` for a head longer than ``MAX_HEAD``) and the
-  connection closes; an application that fails before answering gets ``500``;
+  connection closes, and so does an HTTP/1.1 request without exactly one ``Host`` (RFC 9112
+  3.2); an application that fails before answering gets ``500``;
 * once the body has been read, ``receive`` waits for the client to leave (``http.disconnect``),
   reading ahead at most ``MAX_AHEAD`` bytes of what the client sends next;
 * HTTP/1.0 requests, and requests that ask for it, get ``Connection: close`` and the connection
@@ -109,6 +112,7 @@ class Serving:
 
     keep_alive_timeout_s: float
     body_timeout_s: float
+    header_timeout_s: float = 20.0  # a head from its first byte (after the first request's)
     stopping: bool = False
     idle: set[trio.CancelScope] = field(default_factory=set)  # connections waiting between requests
 
@@ -122,8 +126,8 @@ class Serving:
 class _Request:
     """One request as the parser has seen it so far."""
 
-    __slots__ = ("body", "complete", "continue_", "fed", "head_done", "head_size", "headers", "keep", "method",
-                 "target", "upgrade", "version")
+    __slots__ = ("body", "complete", "continue_", "fed", "head_done", "head_size", "headers", "hosts", "keep",
+                 "method", "target", "upgrade", "version")
 
     def __init__(self) -> None:
         self.target = b""
@@ -135,6 +139,7 @@ class _Request:
         self.continue_ = False  # the client waits for 100 Continue before its body
         self.head_done = False
         self.head_size = 0  # bytes of the target and the header lines parsed so far
+        self.hosts = 0  # Host header lines
         self.fed = 0  # bytes read wholly inside the head, after the read it began in
         self.body: list[bytes] = []
         self.complete = False
@@ -160,8 +165,11 @@ class _Requests:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.current is not None
-        self.current.headers.append((name.lower(), value))
+        lower = name.lower()
+        self.current.headers.append((lower, value))
         self.current.head_size += len(name) + len(value) + 4
+        if lower == b"host":
+            self.current.hosts += 1
 
     def on_headers_complete(self) -> None:
         request = self.current
@@ -211,6 +219,8 @@ class Http1Connection:
         self.answering = False
         self.answered = False
         self.close_after = False
+        self.idle_began = -1.0  # when the connection began waiting for a request's first byte
+        self.head_began = -1.0  # when the head being read began arriving
 
     def _feed(self, data: bytes) -> None:
         """Parse what the client sent; a refusal is answered once the requests before it are."""
@@ -257,6 +267,10 @@ class Http1Connection:
             if not waited:
                 await trio.lowlevel.checkpoint()  # pipelined requests: let the others run
             request = queue[0]
+            self.idle_began = self.head_began = -1.0
+            if request.version == "1.1" and request.hosts != 1:
+                await self._refuse(400)  # RFC 9112 3.2: none, or more than one
+                return
             if not await self._request(request, server, client):
                 return
             if not request.complete or self.client_gone or not request.keep or request.upgrade:
@@ -267,10 +281,22 @@ class Http1Connection:
             waited = False
 
     async def _next_bytes(self) -> bool:
-        """Wait (up to the keep-alive timeout) for the next request's bytes; False to close."""
-        if self.serving.stopping:
+        """Wait for the next request's bytes (up to the keep-alive timeout from the previous
+        request, or the head timeout from the first byte of this one); False to close."""
+        serving = self.serving
+        if serving.stopping:
             return False
-        with trio.CancelScope(deadline=trio.current_time() + self.serving.keep_alive_timeout_s) as scope:
+        now = trio.current_time()
+        current = self.requests.current
+        if current is not None and not current.head_done:  # a head has begun
+            if self.head_began < 0:
+                self.head_began = now
+            deadline = self.head_began + serving.header_timeout_s
+        else:
+            if self.idle_began < 0:
+                self.idle_began = now
+            deadline = self.idle_began + serving.keep_alive_timeout_s
+        with trio.CancelScope(deadline=deadline) as scope:
             self.serving.idle.add(scope)
             try:
                 data = await receive_some(self.sock)
@@ -388,7 +414,7 @@ class Http1Connection:
             if body and not self.no_body:
                 data += b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body
             if not more:
-                if self.chunked:
+                if self.chunked and not self.no_body:
                     data += b"0\r\n\r\n"
                 self.answered = True
             if data:

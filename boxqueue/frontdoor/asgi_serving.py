@@ -18,7 +18,7 @@ listener's frame straight to its socket instead of through ASGI, hypercorn and w
 
 A listener may also be served with ``http1``: its plain HTTP/1.1 connections that no takeover
 claims (every one but a WebSocket upgrade) are then served by this process's own HTTP/1.1 server,
-:mod:`boxqueue.facades.http1_connections` (llhttp through httptools, one task per connection, the
+:mod:`boxqueue.frontdoor.http1_connections` (llhttp through httptools, one task per connection, the
 ASGI application called in it), instead of hypercorn's layers; TLS connections and upgrades still
 go to hypercorn. The Zaqar facade is served so: its requests are short, and hypercorn's layers cost
 more than its handlers (docs/performance.md). The Sonya facade is not: a WebSocket upgrade that
@@ -36,8 +36,9 @@ listener is done here once (:class:`Listening`; the HTTP/1.1 server keeps the sa
 * **max_connections**: one more connection than the limit gets ``503`` with ``Connection: close``
   (plain HTTP; under TLS it is closed) without being read.
 * **Slow clients**: the TLS handshake and the first request's head must arrive within
-  ``header_timeout_s``; between requests hypercorn's keep-alive timeout applies (its idle timer
-  runs until a whole head has arrived, so a head sent a byte at a time is cut off there too).
+  ``header_timeout_s``; between requests the keep-alive timeout applies (hypercorn's idle timer
+  runs until a whole head has arrived, so a head sent a byte at a time is cut off there too; our
+  HTTP/1.1 server gives a head ``header_timeout_s`` from its first byte).
 * **Slow bodies**: a request's body must arrive within ``body_timeout_s`` of its head; one that
   trickles in longer is answered ``408 Request Timeout`` with ``Connection: close`` (unless the
   application has begun its answer) and the application reads the end of its client
@@ -66,7 +67,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-from boxqueue.facades.http1_connections import TIMEOUT_BODY, Http1Connection, Serving
+from boxqueue.frontdoor.http1_connections import TIMEOUT_BODY, Http1Connection, Serving
 from boxqueue.iproto.listening import Gate
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class Listening:
     ssl_context: ssl.SSLContext | None = None
     max_connections: int | None = None  # open connections at once; None: no limit
     header_timeout_s: float = 20.0  # from accept to the end of the first request's head
-    keep_alive_timeout_s: float = 75.0  # idle between requests, up to the end of the next head
+    keep_alive_timeout_s: float = 75.0  # idle between requests (hypercorn's: up to the end of the next head)
     body_timeout_s: float = 60.0  # from a request's head to the end of its body
 
 
@@ -129,7 +130,7 @@ async def serve_asgi(
 ) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set; started() with the bound port.
     With ``http1``, plain HTTP/1.1 connections that ``takeover`` does not take are served by
-    :mod:`boxqueue.facades.http1_connections` instead of hypercorn (not TLS, not upgrades)."""
+    :mod:`boxqueue.frontdoor.http1_connections` instead of hypercorn (not TLS, not upgrades)."""
     config = hypercorn_config(host, port, graceful_s, listening.keep_alive_timeout_s)
     if listening.ssl_context is not None:
         takeover = None  # a takeover handler needs the raw socket
@@ -247,7 +248,7 @@ class _FrontDoor:
         self.takeover = takeover
         self.listening = listening
         self.http1_app = http1_app  # served on plain HTTP/1.1 connections by our own server
-        self.http1 = Serving(listening.keep_alive_timeout_s, listening.body_timeout_s)
+        self.http1 = Serving(listening.keep_alive_timeout_s, listening.body_timeout_s, listening.header_timeout_s)
         self.app = wrap_app(app, config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
         self.gate = Gate("HTTP", listening.max_connections)
