@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import trio
 
+from boxqueue.replication import safeguards
 from boxqueue.replication.etcd import EtcdClient, EtcdError, KeyValue
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class Election:
         """Whether this member may act as leader now: checked before acknowledging anything.
         etcd counts the TTL from when it received a keepalive, we from before we sent it, and we
         give up at 2/3 of it, so this turns False before etcd can hand the key to anyone else."""
+        if safeguards.off("no-fence"):
+            return self.state.role == "leader"
         return (self.state.role == "leader"
                 and trio.current_time() - self._renewed_at < self._ttl * 2 / 3)
 
@@ -310,6 +313,8 @@ class Election:
             await trio.sleep_until(self._renewed_at + self._ttl / 3)
             deadline = self._renewed_at + self._ttl * 2 / 3
             sent = trio.current_time()
+            if safeguards.off("no-fence"):
+                deadline = math.inf
             try:
                 with trio.fail_at(deadline):
                     ttl = await self._client.keepalive(lease)
