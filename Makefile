@@ -8,9 +8,9 @@ ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := boxqueue/facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc run cluster test test-pure fuzz soak lint docs bench clean
+.PHONY: install build check-cc tarantool-package run cluster test test-pure fuzz soak lint docs bench clean
 
-install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) build
+install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) tarantool-package build
 
 # The request path is compiled with Cython (boxqueue/compiled.py lists the modules): a C compiler
 # is a requirement of the supported machine.
@@ -45,6 +45,18 @@ $(NODE_STAMP): $(STAMP)
 		timeout 300 npm install --silent --no-audit --no-fund --prefix $(VENV)/node tarantool-driver@3.1.0 \
 		&& touch $(NODE_STAMP) || echo "npm install failed: the Node connector test will be skipped"; \
 	else echo "npm not found: the Node connector test will be skipped"; fi
+
+# Tarantool 2.6 (Debian's package): its net.box is a client in the connector tests, and its console,
+# its tarantoolctl and the server itself are references for the console tests and the benchmarks.
+# Installed with apt-get where that works (as root); elsewhere those tests are skipped, saying so.
+tarantool-package:
+	@command -v tarantool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			export DEBIAN_FRONTEND=noninteractive; \
+			{ timeout 600 apt-get install -y -q tarantool >/dev/null 2>&1 \
+				|| { timeout 300 apt-get update -q >/dev/null && timeout 600 apt-get install -y -q tarantool >/dev/null; }; } \
+			|| echo "apt-get could not install tarantool: the net.box and Tarantool console tests will be skipped"; \
+		else echo "tarantool is not installed and apt-get cannot install it here (root needed): the net.box and Tarantool console tests will be skipped"; fi; }
 
 # python-zaqarclient 3.0.1 (the last with a v1.1 client), in a venv of its own (its OpenStack
 # dependencies stay out of the project's), for the Zaqar token-auth test over TLS.

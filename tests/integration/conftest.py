@@ -129,3 +129,19 @@ def conn(server):
         c.call(f"box.space.{name}:truncate")
     yield c
     c.close()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """What tests/integration/test_doc_examples.py did with each example of the README and docs/."""
+    from tests.integration.doc_blocks import REPORT
+
+    done = config.stash.get(REPORT, [])
+    if not done:
+        return
+    kinds: dict[str, int] = {}
+    for _name, what, _reason in done:
+        kinds[what] = kinds.get(what, 0) + 1
+    terminalreporter.write_sep("-", f"README and docs/ examples: {len(done)} blocks")
+    terminalreporter.write_line(", ".join(f"{what}: {n}" for what, n in sorted(kinds.items())))
+    for name, what, reason in done:
+        terminalreporter.write_line(f"  {name}: {what}{': ' + reason if reason else ''}")
