@@ -29,7 +29,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +118,9 @@ def remove_stale() -> list[str]:
         if dead(name):
             run("ip", "link", "del", name, check=False)
             removed.append(f"link {name}")
+    for lock in LOCK_DIR.glob("*.lock"):
+        if lock.stem.isdigit() and not _owner_alive(int(lock.stem)):
+            lock.unlink(missing_ok=True)
     return removed
 
 
@@ -298,14 +300,3 @@ class Topology:
     def mount_source(self, what: str) -> str:
         """A run-unique source name for a mount (found again by :func:`remove_stale`)."""
         return f"{self.namespace_prefix}{what}"
-
-
-def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
