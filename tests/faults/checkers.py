@@ -144,8 +144,9 @@ def registers(ops: list[Op], budget: int = 2_000_000) -> Verdict:
     """``ops``: ``read`` (value: key; result: the value, None when absent), ``write`` (value:
     (key, v)), ``cas`` (value: (key, old, new); result: whether it applied)."""
     by_key: dict[Any, list[linearizability.RegisterOp]] = defaultdict(list)
+    failed: dict[Any, list[Op]] = defaultdict(list)  # not searched; shown beside a violation
     for op in ops:
-        if op.type not in ("ok", "info") or op.completed is None:
+        if op.completed is None:
             continue
         ret = op.completed if op.type == "ok" else float("inf")
         if op.f == "read":
@@ -155,6 +156,9 @@ def registers(ops: list[Op], budget: int = 2_000_000) -> Verdict:
         else:
             key, old, new = op.value
             arg = (old, new)
+        if op.type == "fail":
+            failed[key].append(op)
+            continue
         by_key[key].append(linearizability.RegisterOp(op.f, arg, op.result, op.invoked, ret, op.type == "ok", op))
     findings: list[Finding] = []
     undecided = 0
@@ -172,11 +176,13 @@ def registers(ops: list[Op], budget: int = 2_000_000) -> Verdict:
         path = [result.ops[i].ref for i in result.deepest[-6:]]
         concurrent = [o.ref for o in result.ops if o is not stuck and o.call < stuck.ret and o.ret > stuck.call
                       and o.ref not in path][:6]
+        concurrent += [o for o in failed[key] if o.invoked < stuck.ret and (o.completed or 0) > stuck.call][:4]
         states = ", ".join(repr(s) for s in result.states_at_stuck) or "?"
         findings.append(Finding(
             f"key {key!r}: not linearizable. After {len(result.deepest)} operations linearized, "
             f"the register could hold {states}, which cannot explain the first operation below; "
-            f"then the last operations of that order and those concurrent with it", [stuck.ref, *path, *concurrent]))
+            f"then the last operations of that order, and those concurrent with it (failed ones too, "
+            f"which the search leaves out)", [stuck.ref, *path, *concurrent]))
     counts = {f"{f} {k}": v for f in ("read", "write", "cas")
               for k, v in _outcomes(op for op in ops if op.f == f).items()}
     counts |= {"cas ok-false": sum(1 for op in ops if op.f == "cas" and op.type == "ok" and not op.result),

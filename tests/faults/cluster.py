@@ -138,6 +138,7 @@ class Process:
 class EtcdMember(Process):
     name: str = "e1"
     cluster: str = ""  # --initial-cluster
+    token: str = "bqfaults"  # --initial-cluster-token: the same for every member of one cluster
 
     @property
     def endpoint(self) -> str:
@@ -150,7 +151,7 @@ class EtcdMember(Process):
                     "--listen-client-urls", client, "--advertise-client-urls", client,
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                     "--initial-cluster", self.cluster or f"{self.name}={peer}",
-                    "--initial-cluster-state", "new", "--initial-cluster-token", self.host.netns], env)
+                    "--initial-cluster-state", "new", "--initial-cluster-token", self.token], env)
 
     def healthy(self) -> bool:
         conn = http.client.HTTPConnection(self.host.address, ETCD_CLIENT_PORT, timeout=2)
@@ -241,7 +242,8 @@ class FaultCluster:
         peers = ",".join(f"e{i + 1}=http://{hosts[f'e{i + 1}'].address}:{ETCD_PEER_PORT}" for i in range(self.etcd_size))
         for i in range(self.etcd_size):
             name = f"e{i + 1}"
-            self.etcds[name] = EtcdMember(hosts[name], self.workdir / name, name=name, cluster=peers)
+            self.etcds[name] = EtcdMember(hosts[name], self.workdir / name, name=name, cluster=peers,
+                                          token=self.topology.mount_source("etcd"))
         for name in self.MEMBER_NAMES:
             workdir = self.workdir / name
             disk = SmallDisk(workdir / "data", self.topology.mount_source(f"{name}-data"), self.disk_mb)
