@@ -116,9 +116,9 @@ def queue(ops: list[Op], final: Mapping[str, set[Any]], name: str = "queue") -> 
             if put.type == "fail":
                 seen_in = [m for m, held in final.items() if payload in held]
                 if deliveries[payload] or seen_in:
-                    where = f"delivered {len(deliveries[payload])} times" if deliveries[payload] else ""
-                    where += (", " if where else "") + (f"held by {', '.join(seen_in)}" if seen_in else "")
-                    failed_seen.append(Finding(f"put answered 'failed' was kept: {where}",
+                    where = ([f"delivered {len(deliveries[payload])} times"] if deliveries[payload] else []) + (
+                        [f"held by {', '.join(seen_in)}"] if seen_in else [])
+                    failed_seen.append(Finding(f"put answered 'failed' was kept: {', '.join(where)}",
                                                [put, *deliveries[payload][:3]]))
         for ack in acks[payload]:
             if ack.type != "ok":
@@ -135,7 +135,19 @@ def queue(ops: list[Op], final: Mapping[str, set[Any]], name: str = "queue") -> 
               for k, v in _outcomes(op for op in ops if op.f == f).items()}
     counts |= {"puts lost": len(lost), "redelivered": len(redelivered), "acked but present": len(acked_present),
                "failed but kept": len(failed_seen)}
-    findings = (_group_findings("acknowledged put lost (never acked, not held)", lost) + redelivered[:20]
+    gone: list[Finding] = []
+    for put, members in list(lost.items())[:20]:
+        payload = put.value
+        failed_acks = [a for a in acks[payload] if a.type == "fail"]
+        where = f"held by none of {', '.join(sorted(members))}" if len(members) == len(final) else \
+            f"missing on {', '.join(sorted(members))}"
+        if failed_acks:
+            what = (f"task gone ({where}) although every ack of it was answered 'failed': a failed ack "
+                    f"took effect, or an acknowledged put was lost")
+        else:
+            what = f"acknowledged put lost: never acked, {where}"
+        gone.append(Finding(what, [put, *deliveries[payload][:2], *failed_acks[:2]]))
+    findings = (gone + redelivered[:20]
                 + _group_findings("task whose ack was acknowledged is still held", acked_present) + failed_seen[:20])
     return Verdict(name, not (lost or redelivered or acked_present or failed_seen), counts, findings)
 

@@ -26,8 +26,7 @@ class Window:
 
 
 def measure(ops: list[Op], windows: list[Window]) -> list[Window]:
-    acked = sorted((op.invoked, op.completed) for op in ops
-                   if op.is_write and op.type == "ok" and op.completed is not None)
+    acked = sorted((op.invoked, op.completed) for op in ops if op.acknowledged_write and op.completed is not None)
     for w in windows:
         after = [done for invoked, done in acked if invoked >= w.start and done <= w.end]
         w.failover_s = min(after) - w.start if after else None

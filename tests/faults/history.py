@@ -40,6 +40,11 @@ class Op:
     def is_write(self) -> bool:
         return self.f not in ("read", "take", "claim") and self.workload != NEMESIS
 
+    @property
+    def acknowledged_write(self) -> bool:
+        """A write answered done (a compare-and-set that did not apply wrote nothing)."""
+        return self.is_write and self.type == "ok" and not (self.f == "cas" and not self.result)
+
     def describe(self) -> str:
         when = f"{self.invoked:.3f}" + (f"-{self.completed:.3f}" if self.completed is not None else "-")
         answer = self.type or "pending"

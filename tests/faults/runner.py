@@ -130,7 +130,7 @@ def _wait_for_a_write(history: History, since: float, timeout: float) -> float |
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = [op.completed for op in list(history.ops)
-                if op.is_write and op.type == "ok" and op.invoked >= since and op.completed is not None]
+                if op.acknowledged_write and op.invoked >= since and op.completed is not None]
         if done:
             return min(done)
         time.sleep(0.1)
@@ -153,10 +153,15 @@ def execute(plan: Plan, workdir: Path, say: Say = _say) -> RunReport:
         workloads = workloads_for(plan.seed)
         for w in workloads:
             w.setup(cluster)
+        def client(w: Workload, i: int) -> None:
+            try:
+                w.client(i, history, cluster, stop)
+            except Exception as exc:  # a client that dies stops recording: say so
+                report.notes.append(f"client {w.name}-{i} died: {exc!r}")
+
         for w in workloads:
             for i in range(w.clients):
-                t = threading.Thread(target=w.client, args=(i, history, cluster, stop), name=f"{w.name}-{i}",
-                                     daemon=True)
+                t = threading.Thread(target=client, args=(w, i), name=f"{w.name}-{i}", daemon=True)
                 t.start()
                 threads.append(t)
         time.sleep(plan.warmup_s)

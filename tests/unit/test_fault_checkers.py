@@ -79,9 +79,18 @@ def test_queue_accepts_a_cycle_an_unacked_task_kept_and_an_unknown_ack():
 
 def test_queue_finds_an_acknowledged_put_lost():
     put = q("put", "x", 0, 1)
-    verdict = checkers.queue([put, take(["x"], 1, 2), q("ack", "x", 2, 3, "fail")], {"n1": set(), "n2": set()})
+    verdict = checkers.queue([put], {"n1": set(), "n2": set()})
     assert not verdict.valid
     assert verdict.findings[0].ops == [put] and "put lost" in verdict.findings[0].what
+
+
+def test_queue_finds_a_task_gone_whose_only_ack_was_answered_failed():
+    put, taken, ack = q("put", "x", 0, 1), take(["x"], 1, 2), q("ack", "x", 2, 3, "fail")
+    verdict = checkers.queue([put, taken, ack], {"n1": set(), "n2": {"x"}})
+    assert not verdict.valid
+    (finding,) = verdict.findings
+    assert finding.ops == [put, taken, ack]
+    assert "answered 'failed'" in finding.what and "missing on n1" in finding.what
 
 
 def test_queue_finds_a_task_delivered_again_after_its_ack_was_acknowledged():
