@@ -70,9 +70,11 @@ def _hold_lock() -> None:
     if _lock_fd is not None:
         return
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(LOCK_DIR / f"{os.getpid()}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    path = LOCK_DIR / f"{os.getpid()}.lock"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     _lock_fd = fd
+    atexit.register(path.unlink, missing_ok=True)
 
 
 def _owner_alive(pid: int) -> bool:

@@ -11,7 +11,8 @@ repeated.
 
 Environment of the long form: ``FAULTS_RUNS`` (default 20), ``FAULTS_SEED`` (the first run's
 seed; default random; run i uses seed + i), ``FAULTS_CONTROL`` (a negative-control run after
-every N runs; default 5, 0 for none), ``FAULTS_DIR`` (where runs keep their logs and histories).
+every N runs; default 5, 0 for none), ``FAULTS_UNSAFE`` (the control's ``BOXQUEUE_UNSAFE``, default
+``no-fence``), ``FAULTS_DIR`` (where runs keep their logs and histories).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from tests.faults.workloads.unique_replaces import UniqueReplaces
 from tests.faults.workloads.zaqar_messages import ZaqarMessages
 
 SETTLE_TIMEOUT_S = 90.0  # after healing, an acknowledged write must come within this (liveness)
-CONTROL_SWITCH = "no-fence"  # BOXQUEUE_UNSAFE for the negative control
+# BOXQUEUE_UNSAFE for the negative control: the leader confirms without asking whether its lease
+# holds (FAULTS_UNSAFE names another switch).
+CONTROL_SWITCH = os.environ.get("FAULTS_UNSAFE", "no-fence")
 # The nemeses a leader that skips its lease check is exposed by: it keeps answering while a
 # successor may be elected.
 CONTROL_NEMESES = ["leader-from-etcd", "pause-leader", "isolate-leader", "leader-from-etcd"]
