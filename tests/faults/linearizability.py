@@ -3,7 +3,10 @@
 The search walks the history's calls and returns in time order, tries to linearize each call
 that is open (apply it to the model; remember the set of linearized operations and the model's
 state; a pair seen before is a dead end), and backtracks when it meets the return of an operation
-not yet linearized. Knossos and Porcupine search the same way.
+not yet linearized. Knossos and Porcupine search the same way. Unknown operations would make the
+remembered sets grow with every combination of them tried; a set that adds unknown operations to
+one already explored (same answered operations, same state) is a dead end too, since leaving an
+unknown operation out is always allowed.
 
 Operations that completed ``ok`` must take effect between their call and their return. ``fail``
 operations are left out (they did not happen). ``info`` operations may take effect at any point
@@ -118,7 +121,12 @@ def check(ops: list[RegisterOp], initial: Hashable = Unset, budget: int = 2_000_
     state: Hashable = initial
     linearized = 0
     stack: list[tuple[Entry, Hashable]] = []
-    cache: set[tuple[int, Hashable]] = {(0, initial)}
+    answered = sum(1 << i for i, op in enumerate(ops) if op.ok)
+    # (the answered operations linearized, state) -> the sets of unknown ones linearized with them
+    # that were explored. A node that has linearized a superset of unknown operations is dominated:
+    # whatever completes it completes the explored one too, which may leave those unknown
+    # operations out (they may never take effect) and is otherwise in the same place.
+    cache: dict[tuple[int, Hashable], list[int]] = {(0, initial): [0]}
     explored = 0
     best: tuple[int, list[int], int | None, set[Hashable]] = (-1, [], None, set())
     entry = head.next
@@ -133,8 +141,10 @@ def check(ops: list[RegisterOp], initial: Hashable = Unset, budget: int = 2_000_
             can, after = step(state, op)
             if can:
                 marked = linearized | (1 << entry.op_id)
-                if (marked, after) not in cache:
-                    cache.add((marked, after))
+                key, unknown = (marked & answered, after), marked & ~answered
+                seen = cache.setdefault(key, [])
+                if not any((explored_set & ~unknown) == 0 for explored_set in seen):
+                    seen.append(unknown)
                     stack.append((entry, state))
                     state, linearized = after, marked
                     lift(entry)

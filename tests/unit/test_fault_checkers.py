@@ -13,6 +13,7 @@ from tests.faults.failover import Window, measure, percentile
 from tests.faults.history import Op
 
 _index = itertools.count()
+LOST = 0.1  # the share of simulated answers lost
 
 
 def op(workload: str, f: str, value, start: float, end: float | None, outcome: str = "ok", result=None,
@@ -192,7 +193,8 @@ def test_registers_that_run_out_of_budget_are_not_called_valid():
     assert not verdict.valid and "undecided" in verdict.findings[0].what
 
 
-def _simulated(seed: int, processes: int = 4, count: int = 60) -> list[linearizability.RegisterOp]:
+def _simulated(seed: int, processes: int = 4, count: int = 60, lost_share: float = LOST,
+               ) -> list[linearizability.RegisterOp]:
     """A history of a real register: each operation takes effect at an instant inside its
     interval; some answers are lost (unknown) after taking effect or not."""
     rng = random.Random(seed)
@@ -209,7 +211,7 @@ def _simulated(seed: int, processes: int = 4, count: int = 60) -> list[lineariza
         points.append((point, call, ret, p))
     for _point, call, ret, _p in sorted(points):
         kind = rng.choice(["read", "write", "cas"])
-        lost = rng.random() < 0.1
+        lost = rng.random() < lost_share
         if kind == "read":
             op_ = linearizability.RegisterOp("read", None, state, call, ret, True)
         elif kind == "write":
@@ -242,6 +244,17 @@ def test_the_search_rejects_a_real_register_s_history_with_one_read_changed(seed
     ops[i] = linearizability.RegisterOp("read", None, 99, ops[i].call, ops[i].ret, True)
     result = linearizability.check(ops)
     assert result.linearizable is False and result.ops[result.stuck].result == 99
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_search_decides_a_key_s_worth_of_history_with_unknown_answers(seed):
+    """A key's history as the register workload makes it (about 200 operations, a few answers
+    lost) with one read of a value nobody wrote: found, not left undecided."""
+    ops = _simulated(seed, processes=6, count=200, lost_share=0.03)
+    reads = [i for i, o in enumerate(ops) if o.f == "read"]
+    i = reads[len(reads) // 2]
+    ops[i] = linearizability.RegisterOp("read", None, 99, ops[i].call, ops[i].ret, True)
+    assert linearizability.check(ops, budget=500_000).linearizable is False
 
 
 # -- members ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import tarantool
-from tarantool.error import ClusterDiscoveryWarning, NetworkWarning
+from tarantool.error import ClusterDiscoveryWarning, NetworkError, NetworkWarning
 from tarantool.mesh_connection import update_connection
 
 from tests.faults.history import History, Op
@@ -43,6 +43,16 @@ class TrackedMesh(tarantool.MeshConnection):
         self._opt_reconnect()
         self.sent = True
         return self._send_request_wo_reconnect(request, on_push, on_push_ctx)
+
+    def _send_request_wo_reconnect(self, request: Any, on_push: Any = None, on_push_ctx: Any = None) -> Any:
+        """Any request, the discovery's too. The connector matches answers to requests by order
+        alone: after a timeout the late answer would be read as the next request's, so a
+        connection that failed is never used again."""
+        try:
+            return super()._send_request_wo_reconnect(request, on_push, on_push_ctx)
+        except NetworkError:
+            self.drop()
+            raise
 
     def drop(self) -> None:
         self.close()
