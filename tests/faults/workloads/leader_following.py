@@ -12,6 +12,7 @@ may know no leader to send it to.
 from __future__ import annotations
 
 import itertools
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ warnings.filterwarnings("ignore", category=ClusterDiscoveryWarning)
 warnings.filterwarnings("ignore", category=NetworkWarning)
 
 ROTATE_AFTER = 3  # refusals in a row before trying the next member
+RETRY_PAUSE_S = 0.05  # after an answer that is not ok, as a client retrying would wait
 
 
 class TrackedMesh(tarantool.MeshConnection):
@@ -103,6 +105,7 @@ class IprotoClient:
     def _after(self, outcome: Outcome) -> None:
         if outcome == "info":
             self.conn.drop()
+        time.sleep(RETRY_PAUSE_S)
         self.refusals += 1
         if self.refusals >= ROTATE_AFTER:
             self.refusals = 0
@@ -136,9 +139,11 @@ class ZaqarClient:
         except Exception as exc:
             outcome, why = http_error(exc)
             self._move()
+            time.sleep(RETRY_PAUSE_S)
             return self.history.complete(op, outcome, error=why, node=node), None
         outcome = http_status(response.status_code, response.text)
         if outcome != "ok":
+            time.sleep(RETRY_PAUSE_S)
             leader = response.headers.get("x-boxqueue-leader")
             if leader and leader in self.by_url:
                 self.base = leader
