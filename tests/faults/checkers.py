@@ -188,13 +188,14 @@ def registers(ops: list[Op], budget: int = 2_000_000) -> Verdict:
         path = [result.ops[i].ref for i in result.deepest[-6:]]
         concurrent = [o.ref for o in result.ops if o is not stuck and o.call < stuck.ret and o.ret > stuck.call
                       and o.ref not in path][:6]
-        concurrent += [o for o in failed[key] if o.invoked < stuck.ret and (o.completed or 0) > stuck.call][:4]
+        since = min(stuck.call, result.ops[result.deepest[-1]].call) if result.deepest else float("-inf")
+        concurrent += [o for o in failed[key] if o.invoked < stuck.ret and (o.completed or 0) > since][:4]
         states = ", ".join(repr(s) for s in result.states_at_stuck) or "?"
         findings.append(Finding(
             f"key {key!r}: not linearizable. After {len(result.deepest)} operations linearized, "
             f"the register could hold {states}, which cannot explain the first operation below; "
-            f"then the last operations of that order, and those concurrent with it (failed ones too, "
-            f"which the search leaves out)", [stuck.ref, *path, *concurrent]))
+            f"then the last operations of that order, those concurrent with it, and the failed ones "
+            f"(which the search leaves out) since the last of that order", [stuck.ref, *path, *concurrent]))
     counts = {f"{f} {k}": v for f in ("read", "write", "cas")
               for k, v in _outcomes(op for op in ops if op.f == f).items()}
     counts |= {"cas ok-false": sum(1 for op in ops if op.f == "cas" and op.type == "ok" and not op.result),

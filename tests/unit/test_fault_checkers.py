@@ -159,9 +159,9 @@ def test_registers_let_an_unknown_write_take_effect_late_or_never():
 def test_registers_find_a_write_answered_failed_that_took_effect():
     failed = r("write", (2, 4), 0, 1, "fail")
     seen = r("read", 2, 2, 3, result=4)
-    verdict = checkers.registers([failed, seen])
+    verdict = checkers.registers([r("write", (2, 1), -2, -1), failed, seen])
     assert not verdict.valid
-    assert verdict.findings[0].ops[0] is seen
+    assert verdict.findings[0].ops[0] is seen and failed in verdict.findings[0].ops  # shown, as the suspect
 
 
 def test_registers_find_a_cas_whose_answer_contradicts_the_value():
