@@ -96,6 +96,10 @@ class RunReport:
             fo = f"{w.failover_s:.2f} s" if w.failover_s is not None else "none"
             gap = f"{w.longest_gap_s:.2f} s" if w.longest_gap_s is not None else "-"
             lines.append(f"   failover after {w.nemesis}: {fo} (longest gap without an acknowledged write {gap})")
+        failovers = [w.failover_s for w in self.windows if w.failover_s is not None]
+        if failovers:
+            lines.append(f"   failover over this run: p50 {percentile(failovers, 50):.2f} s, "
+                         f"p99 {percentile(failovers, 99):.2f} s")
         lines += [f"   note: {n}" for n in self.notes]
         if self.error:
             lines.append(f"   RUN ERROR: {self.error}")
