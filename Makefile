@@ -8,7 +8,7 @@ ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := boxqueue/facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc tarantool-package run cluster test test-pure fuzz soak lint docs bench clean
+.PHONY: install build check-cc tarantool-package run cluster test test-pure fuzz soak faults lint docs bench clean
 
 install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) tarantool-package build
 
@@ -83,6 +83,12 @@ fuzz: install
 # The soak with over two million requests of every API (about 5 minutes; `make test` runs a short one).
 soak: install
 	BOXQUEUE_SOAK=long $(BIN)/python -m pytest -q -s tests/soak
+
+# The fault suite's long form (tests/faults/runner.py; `make test` runs a short one): FAULTS_RUNS
+# runs (default 20) from seed FAULTS_SEED (default random, printed), every nemesis in each, a
+# negative control every FAULTS_CONTROL runs (default 5). Needs root and `ip netns`.
+faults: install
+	$(BIN)/python -m tests.faults.runner
 
 # The same sources uncompiled: they must still import and pass the unit tests.
 test-pure: install
