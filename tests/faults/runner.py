@@ -12,7 +12,7 @@ repeated.
 Environment of the long form: ``FAULTS_RUNS`` (default 20), ``FAULTS_SEED`` (the first run's
 seed; default random; run i uses seed + i), ``FAULTS_CONTROL`` (a negative-control run after
 every N runs; default 5, 0 for none), ``FAULTS_UNSAFE`` (the control's ``BOXQUEUE_UNSAFE``, default
-``no-fence``), ``FAULTS_DIR`` (where runs keep their logs and histories).
+``no-quorum``), ``FAULTS_DIR`` (where runs keep their logs and histories).
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ from tests.faults.workloads.unique_replaces import UniqueReplaces
 from tests.faults.workloads.zaqar_messages import ZaqarMessages
 
 SETTLE_TIMEOUT_S = 90.0  # after healing, an acknowledged write must come within this (liveness)
-# BOXQUEUE_UNSAFE for the negative control: the leader confirms without asking whether its lease
-# holds (FAULTS_UNSAFE names another switch).
-CONTROL_SWITCH = os.environ.get("FAULTS_UNSAFE", "no-fence")
-# The nemeses a leader that skips its lease check is exposed by: it keeps answering while a
-# successor may be elected.
-CONTROL_NEMESES = ["leader-from-etcd", "pause-leader", "isolate-leader", "leader-from-etcd"]
+# BOXQUEUE_UNSAFE for the negative control (boxqueue/replication/safeguards.py): by default the
+# leader confirms a write it alone holds (no-quorum); FAULTS_UNSAFE names another switch. (With
+# no-fence alone, a deposed leader goes on leading, yet no acknowledged write was seen lost in
+# runs of these nemeses: its followers move to the successor and stop acknowledging it, so its
+# quorum stalls; the quorum is the safeguard whose loss the checkers must see.)
+CONTROL_SWITCH = os.environ.get("FAULTS_UNSAFE", "no-quorum")
+# The nemeses that expose a leader answering alone: it is cut off or killed with writes its
+# followers never received.
+CONTROL_NEMESES = ["isolate-leader", "kill-leader-and-successor", "leader-from-followers", "pause-leader"]
 
 Say = Callable[[str], None]
 

@@ -1,8 +1,8 @@
 """The fault suite's short form, run by ``make test``: a fixed seed and a random one (printed;
 ``FAULTS_SEED`` sets it), each a fresh replica set in network namespaces under every workload
-and a few nemeses, then every checker; and the negative control, a run whose leader skips its
-lease check (``BOXQUEUE_UNSAFE=no-fence``), which a checker must catch. ``make faults`` is the long
-form (tests/faults/runner.py)."""
+and a few nemeses, then every checker; and the negative control, a run whose leader confirms what
+it alone holds (``BOXQUEUE_UNSAFE=no-quorum``), which a checker must catch. ``make faults`` is the
+long form (tests/faults/runner.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_every_answer_holds_under_faults(seed, tmp_path, fault_reports):
 @pytest.mark.filterwarnings("ignore::tarantool.error.ClusterDiscoveryWarning")
 @pytest.mark.filterwarnings("ignore::tarantool.error.NetworkWarning")
 def test_the_negative_control_is_caught(tmp_path, fault_reports):
-    """The same suite against members started with the fence off: if no checker fires, the
+    """The same suite against members started with a safeguard off: if no checker fires, the
     suite could not see the fault it exists for."""
     report = execute(control_plan(RANDOM_SEED), tmp_path)
     fault_reports.append(report)
