@@ -30,6 +30,7 @@ from boxqueue.iproto.request_stats import RequestStats
 from boxqueue.iproto.server import IprotoServer
 from boxqueue.iproto.session import Session
 from boxqueue.lua_box.engine import LuaEngine, LuaLimits
+from boxqueue.lua_box.persisted_functions import DB_NAME as FUNCTIONS_DB
 from boxqueue.measures import Histogram, RequestMeter
 from boxqueue.metrics.app import serve_metrics
 from boxqueue.metrics.observed import READY, RECOVERING, STOPPING, Observed
@@ -568,6 +569,7 @@ class Server:
         applier = node.applier = Applier(
             storage, committer, catalog, name=rep.name, user=rep.user, password=rep.password,
             heartbeat_s=rep.heartbeat_s, known_term=lambda: node.state.term, instance_uuid=catalog.instance_uuid,
+            reloads={FUNCTIONS_DB: self.lua.define_persisted_again},
         )
         while True:
             uri = node.state.leader_uri

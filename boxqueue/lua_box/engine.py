@@ -196,6 +196,11 @@ class LuaEngine:
 
     def _define_persisted(self) -> None:
         """The functions of box.schema.func.create, defined again (at start, before any job)."""
+        self.global_functions.sync(*self._define_stored())
+
+    def _define_stored(self) -> tuple[list[str], list[str], list[str]]:
+        """Define every stored function with a body; the user's globals afterwards. Uses the Lua
+        state: at start, or holding ``_lock``."""
         define = self._internal[b"define"]
         for name, body in self.functions.load().items():
             if body is None:
@@ -203,7 +208,26 @@ class LuaEngine:
             ok, why = define(name.encode(), body.encode())
             if not ok:
                 log.warning("persisted Lua function %s is not defined: %s", name, self.values.from_lua(why, False))
-        self.global_functions.sync(*self._user_globals())
+        return self._user_globals()
+
+    async def define_persisted_again(self) -> None:
+        """A follower applied records that changed the stored functions: define them again, in
+        the Lua thread (between jobs), so that CALL finds them as on the leader."""
+        token = self._token
+        if token is None:
+            return
+        done = trio.Event()
+        found: list[tuple[list[str], list[str], list[str]]] = []
+
+        def step() -> None:
+            with self._lock:
+                found.append(self._define_stored())
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        self._steps.put(step)
+        await done.wait()
+        self.global_functions.sync(*found[0])
 
     # -- entry points ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -70,7 +70,8 @@ class Upstream:
 class Applier:
     def __init__(self, storage: Storage, committer: GroupCommitter, catalog: Catalog, *, name: str,
                  user: str | None, password: str | None, heartbeat_s: float,
-                 known_term: Callable[[], int], instance_uuid: str) -> None:
+                 known_term: Callable[[], int], instance_uuid: str,
+                 reloads: dict[bytes, Callable[[], Awaitable[None]]] | None = None) -> None:
         self.storage = storage
         self.committer = committer
         self.catalog = catalog
@@ -83,7 +84,11 @@ class Applier:
         self.upstream = Upstream()
         self.copies = 0
         self.queued = 0  # the last record handed to the committer (a new stream may send it again)
-        self._catalog_changed = trio.Event()
+        # What to read again once records change a database: the catalogue's spaces, and what the
+        # caller adds (the persisted Lua functions, say), once per batch of such records.
+        self.reloads: dict[bytes, Callable[[], Awaitable[None]]] = {CATALOG_DB: catalog.reload, **(reloads or {})}
+        self._changed: set[bytes] = set()
+        self._change_seen = trio.Event()
 
     async def follow(self, host: str, port: int) -> None:
         """Follow the leader at ``host:port`` until cancelled, reconnecting after every failure."""
@@ -159,7 +164,7 @@ class Applier:
             # What we hold durably, at once: the leader counts no more than an acknowledgement
             # says (our SUBSCRIBE's position may name records not flushed yet).
             acks.send_nowait(self.storage.synced_lsn)
-            nursery.start_soon(self._reload_catalog)
+            nursery.start_soon(self._reload_changed)
             while True:
                 row = await _next_row(stream, decoder, 4 * self.heartbeat_s)
                 self.upstream.received_at = time.monotonic()
@@ -183,7 +188,7 @@ class Applier:
                     acks.send_nowait(self.storage.synced_lsn)
 
     def _submit(self, lsn: int, term: int, payload: bytes, acks: trio.MemorySendChannel[int]) -> None:
-        catalog_changed = any(op[1] == CATALOG_DB for op in decode(payload))
+        changed = {op[1] for op in decode(payload)} & self.reloads.keys()
 
         def done(_result: object, error: BaseException | None) -> None:
             if error is not None:
@@ -191,20 +196,24 @@ class Applier:
                 self.queued = self.storage.lsn
                 acks.close()  # the stream ends; the next one starts from what is durable
                 return
-            if catalog_changed:
-                self._catalog_changed.set()
+            if changed:
+                self._changed |= changed
+                self._change_seen.set()
             with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
                 acks.send_nowait(lsn)
 
         self.committer.submit_replicated(lsn, term, payload, done)
         self.queued = lsn
 
-    async def _reload_catalog(self) -> None:
-        """Records changed the spaces' definitions: read them again (once per batch of them)."""
+    async def _reload_changed(self) -> None:
+        """Records changed what ``reloads`` names: read it again (once per batch of them), the
+        catalogue first."""
         while True:
-            await self._catalog_changed.wait()
-            self._catalog_changed = trio.Event()
-            await self.catalog.reload()
+            await self._change_seen.wait()
+            self._change_seen = trio.Event()
+            changed, self._changed = self._changed, set()
+            for name in sorted(changed, key=lambda n: n != CATALOG_DB):
+                await self.reloads[name]()
 
     async def _send_acks(self, stream: trio.SocketStream, acks: trio.MemoryReceiveChannel[int],
                          stop: trio.CancelScope) -> None:
@@ -245,6 +254,9 @@ class Applier:
                 break
             self.copies += 1
             await self.catalog.reload()
+            for name, reload in self.reloads.items():
+                if name != CATALOG_DB:
+                    await reload()
             log.info("copy of %d bytes taken, as of LSN %d", received, row.lsn)
 
 

@@ -174,8 +174,8 @@ class ReplicaNode:
 
 
 def register_procedures(procedures: Any, node: ReplicaNode) -> None:
-    """``boxqueue.leader_uris``: the leader's iproto URI first, in a list (empty while there is
-    no leader), the shape the ``tarantool`` connector's
+    """``boxqueue.leader_uris``: the leader's iproto URI first, in a list (while this member knows
+    of no leader: the other members', so that a client leaves it and asks them), the shape the ``tarantool`` connector's
     ``MeshConnection(cluster_discovery_function=...)`` reads, so that a client follows the leader
     through failovers.
 
@@ -188,8 +188,8 @@ def register_procedures(procedures: Any, node: ReplicaNode) -> None:
 
     def leader_uris(_ctx: Any) -> list[Any]:
         uri = node.leader_uri()
-        if uri is None:
-            return [[]]
+        if uri is None:  # no leader known here (a deposed leader cut from etcd, say): try the others
+            return [[str(p.uri) for p in node.config.peers if p.name != node.name]]
         leader = node.state.leader
         others = [str(p.uri) for p in node.config.peers
                   if p.name != leader and (p.name != node.name or node.leading())]

@@ -26,6 +26,8 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
     task_id = conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "a task"]).data[0][0]
     conn.eval("queue.create_tube('modern', 'fifottl')")
     assert conn.call("queue.tube.modern:put", ["m"]).data == [[0, "r", "m"]]
+    conn.eval("box.schema.func.create('kv_get', {body = [[function(k) return box.space.kv:get{k} end]]})")
+    conn.eval("box.schema.func.create('kv_set', {body = [[function(k, v) return box.space.kv:replace{k, v} end]]})")
     conn.close()
     for follower in cluster.followers(leader):
         f = cluster.connect(follower)
@@ -73,6 +75,13 @@ def test_a_write_on_the_leader_is_read_on_every_follower_which_refuse_writes(clu
         assert info["election"]["leader_name"] == leader
         other = next(n for n in cluster.followers(leader) if n != follower)
         assert f.call("boxqueue.leader_uris").data[0] == [f"127.0.0.1:{cluster.ports[n]}" for n in (leader, other)]
+        # the functions made on the leader after the follower started are defined here too, as
+        # Tarantool's replicated _func: one that reads answers, one that writes is refused
+        cluster.wait_until(lambda f=f: f.call("kv_get", [7]).data == [[7, "value 7"]],
+                           what=f"{follower} defines the leader's new functions")
+        with pytest.raises(tarantool.DatabaseError) as err:
+            f.call("kv_set", [7, "no"])
+        assert err.value.args[0] == 7
         f.close()
     info = cluster.info(leader)
     assert info["ro"] is False and info["election"]["state"] == "leader"

@@ -201,10 +201,14 @@ class ZaqarApp(AdminHandlers):
                 log.error("Zaqar %s failed on storage: %s", handler.__name__, exc)
                 raise unavailable(UNAVAILABLE.get(handler.__name__, "Storage could not be reached.")) from None
             except BoxError as exc:
-                if exc.code != ER.READONLY:
-                    raise
-                # a leader that gave up (docs/replication.md): the write never reached the log
-                raise unavailable(f"This node no longer leads ({exc.message}).") from None
+                # A replica set's answers keep their promise (docs/replication.md): refused before
+                # the log, the write failed (503: retry); with no quorum, its outcome is unknown.
+                if exc.code == ER.READONLY:
+                    raise unavailable(f"This node no longer leads ({exc.message}).") from None
+                if exc.code == ER.SYNC_QUORUM_TIMEOUT:
+                    log.warning("Zaqar %s: %s", handler.__name__, exc.message)
+                    raise ZaqarError(500, "Internal server error", exc.message) from None
+                raise
         raise ZaqarError(404, "404 Not Found")
 
     async def read_body(self, call: Call, *, max_size: int | None = None, too_large: str = "",
