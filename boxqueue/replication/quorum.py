@@ -96,6 +96,9 @@ class Quorum:
     def waiting(self, lsn: int) -> None:
         """A group (or a write that changed nothing but read up to ``lsn``) waits for the
         quorum to confirm ``lsn``."""
+        if self.abandoned is not None:  # (applied as the leader gave up): nobody will confirm it
+            self.committer.settle_unknown(outcome_unknown(self.abandoned))
+            return
         self._deadlines.append((lsn, trio.current_time() + self.timeout_s))
         if len(self._deadlines) == 1:
             self._wake()

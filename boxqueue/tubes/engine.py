@@ -165,11 +165,16 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.open_owned()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await self._recover()
-            task_status.started()
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._recover()
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            # Stopped: writes still being answered (a replica set's leader settles those under
+            # way after its engine stops) start no monitor and no task any more.
+            self._nursery = None
 
     async def _recover(self) -> None:
         """Rebuild memory from LMDB. Tasks left taken by a session become ready (D10); those

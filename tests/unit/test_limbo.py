@@ -219,3 +219,21 @@ async def test_a_leader_whose_followers_fall_silent_gives_up_without_any_write(s
         assert "fewer than 1 followers heard from" in stalls[0]
         assert quorum.abandoned is not None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_that_changes_nothing_once_the_leader_gave_up_is_answered(storage):
+    """A group applied while the leader gives up must not wait for a confirmation nobody will
+    give (its writer, a facade's request, would hang, and with it the incarnation's end)."""
+    async with trio.open_nursery() as nursery:
+        committer, quorum, _stalls = await running(nursery, storage, size=2)
+        submit(committer, put(storage, b"a"))
+        with trio.fail_after(2):
+            while quorum.own == 0:
+                await trio.sleep(0.01)
+        quorum.abandon("this node no longer leads")
+        committer.refuse_writes(None)  # as if it had been queued before: it reaches the commit loop
+        seen = submit(committer, read(storage, b"a"))
+        with trio.fail_after(2):
+            await seen.answered.wait()
+        assert isinstance(seen.error, BoxError) and seen.error.code == ER.SYNC_QUORUM_TIMEOUT
+        nursery.cancel_scope.cancel()
