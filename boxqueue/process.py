@@ -41,6 +41,7 @@ from boxqueue.spaces.procedures import CallContext, Procedures
 from boxqueue.spaces.space_procedures import space_method_resolver
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
+from boxqueue.task_tree import dump_on_signal
 from boxqueue.tls import server_context
 from boxqueue.tubes import box_queue, pools, queue_module, sequences
 from boxqueue.tubes.broadcast import Broadcast
@@ -199,6 +200,13 @@ class Server:
         access = configure_access(config)
         metrics_stop = trio.Event()
         async with trio.open_nursery() as outermost:
+            dumping = trio.CancelScope()  # the task tree on SIGUSR1, until the server has stopped
+            if self.handle_signals:
+                async def dump() -> None:
+                    with dumping:
+                        await dump_on_signal()
+
+                outermost.start_soon(dump)
             metrics = config.metrics
             if metrics is not None:
                 listen = metrics.listen
@@ -237,6 +245,7 @@ class Server:
             finally:
                 self.observed.state = STOPPING
                 metrics_stop.set()
+                dumping.cancel()
 
     async def _serve_replica_set(self, storage: Storage, access: acl.AccessControl,
                                  task_status: trio.TaskStatus[Ports]) -> None:
