@@ -323,8 +323,12 @@ class FaultCluster:
             if leader is not None and leader != other_than:
                 return leader
             time.sleep(0.1)
+        for member in self.members.values():  # what each awaits, into its log (boxqueue/task_tree.py)
+            if member.proc is not None and member.proc.poll() is None and not member.paused:
+                member.proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
         raise RuntimeError(f"no leader after {timeout} s:\n" + "\n".join(
-            f"--- {n} ---\n{m.log(2500)}" for n, m in self.members.items()))
+            f"--- {n} ---\n{m.log(8000)}" for n, m in self.members.items()))
 
     def on_leader(self, action: Callable[[tarantool.Connection], Any], timeout: float = 90.0) -> Any:
         """``action`` on a fresh connection to the leader, again until it succeeds (setup steps)."""
