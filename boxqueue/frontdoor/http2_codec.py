@@ -257,6 +257,10 @@ class ServerCodec:
             events.append((WINDOW, 0))
         return events
 
+    @property
+    def preface_received(self) -> bool:
+        return self._preface
+
     def partial(self) -> bool:
         """Whether part of the preface, of a frame or of a head (awaiting its CONTINUATION) has come
         and the rest not yet."""
@@ -560,9 +564,9 @@ class ServerCodec:
         if len(reset) > RESET_REMEMBERED:
             del reset[next(iter(reset))]
 
-    def go_away(self, code: int = NO_ERROR) -> None:
-        """The streams opened so far may finish; no other will be served."""
-        self.out += frame(F_GOAWAY, 0, 0, self.highest.to_bytes(4, "big") + code.to_bytes(4, "big"))
+    def go_away(self, code: int = NO_ERROR, text: str = "") -> None:
+        """The streams opened so far may finish; no other will be served (``text``: the debug data)."""
+        self.out += frame(F_GOAWAY, 0, 0, self.highest.to_bytes(4, "big") + code.to_bytes(4, "big") + text.encode()[:256])
 
     def data_to_send(self) -> bytes:
         out = bytes(self.out)
