@@ -30,13 +30,20 @@ behaviour say:
   ``max_connections`` and TLS are the listener's (:func:`boxqueue.iproto.listening.serve_tcp`,
   TLS with ALPN ``h2``).
 * **Memory**: every byte of a request message is counted from its first byte until its handler
-  has it (decompressed, once it is): a connection holding more than ``MAX_HELD`` is closed with
+  has it (a unary call's compressed message stays compressed until its call starts; a streaming
+  call's is counted decompressed): a connection holding more than ``MAX_HELD`` is closed with
   ``GOAWAY ENHANCE_YOUR_CALM``, and a message that would take the server's count over
-  ``max_held_bytes`` is ``RESOURCE_EXHAUSTED``. A streaming call's messages wait for its handler
-  in an inbox of ``STREAM_QUEUE`` messages and ``max_message_bytes`` bytes; a client that sends
-  more than its handler reads (a health watch reads one) gets ``RESOURCE_EXHAUSTED`` and the
-  handler is cancelled. A client that reads nothing of what we send stops being read once
-  ``MAX_UNSENT`` bytes wait for it.
+  ``max_held_bytes`` is ``RESOURCE_EXHAUSTED`` (its last quarter kept for messages of at most
+  ``SMALL_MESSAGE`` bytes). A connection decompresses at most ``INFLATE_BURST`` bytes at once
+  and ``INFLATE_RATE`` a second (a message beyond is ``RESOURCE_EXHAUSTED``: inflating costs
+  milliseconds per MiB, whatever the few KiB a gzip bomb takes on the wire). A streaming call's
+  messages wait for its handler in an inbox of ``STREAM_QUEUE`` messages and
+  ``max_message_bytes`` bytes; a client that sends more than its handler reads (a health watch
+  reads one) gets ``RESOURCE_EXHAUSTED`` and the handler is cancelled. A client that reads
+  nothing of what we send stops being read once ``MAX_UNSENT`` bytes wait for it.
+* **Fairness**: the codec takes ``STEP_FRAMES`` frames in one step of a connection's task, a
+  checkpoint between, and a call its client resets in the same step is never started: one
+  connection's flood keeps the others waiting little.
 * **Deadlines**: ``grpc-timeout`` bounds the call: past it the call's task is cancelled and the
   answer is ``DEADLINE_EXCEEDED`` (a quick call's result that comes after its deadline is
   answered so too). A client's ``RST_STREAM`` (it cancelled, or gave up) cancels the call's task
@@ -89,6 +96,7 @@ from boxqueue.frontdoor.http2_codec import (
     REQUEST,
     RESET,
     WINDOW,
+    Budget,
     Http2Error,
     ServerCodec,
     literal,
@@ -204,6 +212,9 @@ _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding"
                        b"user-agent", b"grpc-message-type"))
 STREAM_WINDOW = 1 << 20  # what each call may send ahead of our reading it; acknowledged as read
 MAX_HELD = 32 << 20  # bytes of request messages one connection may hold for calls not yet given them
+INFLATE_BURST, INFLATE_RATE = 8 << 20, float(4 << 20)  # bytes decompressed at once, then a second, per connection
+SMALL_MESSAGE = 65536  # a request message this small may use the last quarter of max_held_bytes
+STEP_FRAMES = 128  # frames the codec takes in one step of a connection's task, a checkpoint between
 MAX_UNSENT = 1 << 20  # bytes of answers waiting for a client that reads nothing, before it stops being read
 STREAM_QUEUE = 64  # request messages of a streaming call not yet read by its handler
 LINGER_S = 2.0  # after a GOAWAY that ends a connection, what the client still sends is read for this long
@@ -298,7 +309,7 @@ class _Stream:
 
     __slots__ = ("id", "method", "call", "deadline", "compressed", "body", "message", "requests", "scope",
                  "answered", "ended", "reset", "begun", "guarded", "checked", "started", "finished", "received",
-                 "seen", "seen_received")
+                 "seen", "seen_received", "inflate")
 
     def __init__(self, stream_id: int, call: Call, ended: bool) -> None:
         self.id = stream_id
@@ -308,6 +319,7 @@ class _Stream:
         self.compressed = False
         self.body = bytearray()
         self.message: bytes | None = None  # a unary call's request (counted as held until its call starts)
+        self.inflate = False  # ... gzip compressed (decompressed by the call)
         self.requests: Inbox | None = None  # a streaming call's
         self.scope: trio.CancelScope | None = None
         self.answered = False  # its end (trailers or a reset) is sent: what it still sends is dropped
@@ -422,6 +434,7 @@ class _Connection:
         self.idle_since = -1.0  # when the sweep first found it without a call (-1: not yet)
         self.requested = False  # a call arrived since the last sweep
         self.expired: tuple[int, str] | None = None  # a deadline ended it: the GOAWAY's code and text
+        self.inflating = Budget(INFLATE_BURST, INFLATE_RATE, trio.current_time)
         self.window = trio.Event()  # set when the client opens its windows (then replaced)
         self.broken = False
         self.tasks = 0  # calls running
@@ -462,14 +475,17 @@ class _Connection:
     async def _read(self) -> None:
         data = await self._receive()  # the client's preface (the sweep bounds the wait)
         codec = self.codec
-        while data and not self.broken:
+        while (data or codec.ready()) and not self.broken:
             try:
-                events = codec.receive(data)
+                # A step of this task stays short (the other connections wait for it): at most
+                # STEP_FRAMES frames, then a checkpoint before the rest.
+                events = codec.receive(data, STEP_FRAMES)
             except Http2Error as exc:
                 log.info("%s: HTTP/2 protocol error, connection closed: %s", self.server.name, exc)
                 await self.flush()
                 await self._linger()
                 return
+            reset = {event[1] for event in events if event[0] == RESET}
             for event in events:
                 if self._break_after_flush:
                     break
@@ -477,7 +493,8 @@ class _Connection:
                 if kind == DATA:
                     self._data(event[1], event[2], event[3])
                 elif kind == REQUEST:
-                    self._request(event[1], event[2], event[3])
+                    if not reset or event[1] not in reset:  # not one its client reset at once
+                        self._request(event[1], event[2], event[3])
                 elif kind == RESET:
                     self._reset(event[1])
                 elif kind == WINDOW:
@@ -492,6 +509,10 @@ class _Connection:
                 return
             if self.server._stopping:
                 self.server.quiet()
+            data = b""
+            if codec.ready():  # frames left for the next step
+                await trio.lowlevel.checkpoint()
+                continue
             if codec.partial():
                 if self.partial_since < 0:
                     self.partial_since = trio.current_time()
@@ -730,7 +751,7 @@ class _Connection:
         body = stream.body
         body += data
         self.hold(len(data))
-        if not self._may_hold(stream):
+        if not self._may_hold(stream, int.from_bytes(body[1:5], "big") if len(body) >= 5 else len(body)):
             return False
         limit = self.server.limits.max_message_bytes
         while len(body) >= 5:
@@ -746,38 +767,58 @@ class _Connection:
             del body[:5 + length]
             self.release(5 + length)
             stream.received += 1
-            if flag:
-                if not stream.compressed:
-                    self._answer_now(stream, Status.INTERNAL, "a compressed message without grpc-encoding")
-                    return False
-                try:
-                    inflater = zlib.decompressobj(wbits=31)
-                    message = inflater.decompress(message, limit + 1)
-                except zlib.error as exc:
-                    self._answer_now(stream, Status.INTERNAL, f"cannot decompress the message: {exc}")
-                    return False
-                if len(message) > limit or inflater.unconsumed_tail:
-                    self._answer_now(stream, Status.RESOURCE_EXHAUSTED,
-                                     f"Received message larger than max (more than {limit} once decompressed)")
-                    return False
+            if flag and not stream.compressed:
+                self._answer_now(stream, Status.INTERNAL, "a compressed message without grpc-encoding")
+                return False
             if stream.message is not None:
                 self._answer_now(stream, Status.UNIMPLEMENTED, "more than one request message for a unary method")
                 return False
-            self.hold(len(message))  # until its handler has it
-            if stream.requests is None:
+            if stream.requests is None:  # a unary call's, decompressed when the call starts
                 stream.message = message
-            elif stream.requests.ended:
+                stream.inflate = bool(flag)
+                self.hold(len(message))  # until the call starts
+                if not self._may_hold(stream, len(message)):
+                    return False
+                continue
+            if flag:
+                try:
+                    message = self._inflate(message)
+                except GrpcError as exc:
+                    self._answer_now(stream, exc.status, exc.message)
+                    return False
+            self.hold(len(message))  # until its handler has it
+            if stream.requests.ended:
                 self.release(len(message))  # the handler has stopped reading; its end is on its way
             elif not stream.requests.put(message):
                 self.release(len(message))
                 self._answer_now(stream, Status.RESOURCE_EXHAUSTED, "too many request messages waiting to be read")
                 return False
-            if not self._may_hold(stream):
+            if not self._may_hold(stream, len(message)):
                 return False
         return True
 
-    def _may_hold(self, stream: _Stream) -> bool:
-        """After a count went up: False (and the call or the connection ended) if it is too much."""
+    def _inflate(self, message: bytes) -> bytes:
+        """A gzip compressed message, decompressed within the message limit and the connection's
+        budget of decompressed bytes (else GrpcError)."""
+        limit = self.server.limits.max_message_bytes
+        if self.inflating.available() <= 0:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, "too many decompressed bytes on this connection; try again later")
+        try:
+            inflater = zlib.decompressobj(wbits=31)
+            message = inflater.decompress(message, limit + 1)
+        except zlib.error as exc:
+            raise GrpcError(Status.INTERNAL, f"cannot decompress the message: {exc}") from None
+        if len(message) > limit or inflater.unconsumed_tail:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED,
+                            f"Received message larger than max (more than {limit} once decompressed)")
+        self.inflating.tokens -= len(message)
+        return message
+
+    def _may_hold(self, stream: _Stream, size: int) -> bool:
+        """After a count went up for a message of ``size`` bytes: False (and the call or the
+        connection ended) if it is too much. The last quarter of the server's ``max_held_bytes``
+        is kept for messages of at most ``SMALL_MESSAGE`` bytes, so that clients sending large
+        messages cannot shut out the small calls of everyone else."""
         if self.held > MAX_HELD:
             # Many calls' messages half-sent at once: more than any client needs (a few 4 MiB
             # requests in flight). The connection ends rather than hold more.
@@ -785,7 +826,8 @@ class _Connection:
             self.codec.go_away(ENHANCE_YOUR_CALM)
             self._break_after_flush = True
             return False
-        if self.server.held > self.server.limits.max_held_bytes:
+        limit = self.server.limits.max_held_bytes
+        if self.server.held > limit or (size > SMALL_MESSAGE and self.server.held > limit - limit // 4):
             self._answer_now(stream, Status.RESOURCE_EXHAUSTED,
                              "the server holds too many request messages; try again later")
             return False
@@ -813,6 +855,16 @@ class _Connection:
     def _start(self, stream: _Stream, fn: Callable[..., Awaitable[None]] | None, *args: object) -> None:
         """The call begins (``fn`` in a task of its own; None: a quick call, run here)."""
         server = self.server
+        if stream.inflate:  # here, in the reading task: one connection's messages one at a time
+            assert stream.message is not None
+            self.release(len(stream.message))
+            compressed, stream.message, stream.inflate = stream.message, None, False
+            try:
+                stream.message = self._inflate(compressed)
+            except GrpcError as exc:
+                self._answer_now(stream, exc.status, exc.message)
+                return
+            self.hold(len(stream.message))
         server.calls += 1
         self.tasks += 1
         stream.started = True

@@ -105,14 +105,17 @@ class Budget:
 
     def spend(self) -> bool:
         """One token; False when none is left."""
-        if self.tokens < 1.0:
-            now = self.clock()
-            self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
-            self.at = now
-            if self.tokens < 1.0:
-                return False
+        if self.tokens < 1.0 and self.available() < 1.0:
+            return False
         self.tokens -= 1.0
         return True
+
+    def available(self) -> float:
+        """The tokens now (refilled for the time passed)."""
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        return self.tokens
 
 
 def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False) -> str | None:
@@ -222,8 +225,9 @@ class ServerCodec:
 
     # -- what the client sends -------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[Any]:
-        """The events in ``data`` (and what came before it unparsed). Raises Http2Error."""
+    def receive(self, data: bytes, max_frames: int = 0) -> list[Any]:
+        """The events in ``data`` (and what came before it unparsed), from at most ``max_frames``
+        frames (0: all; :meth:`ready` says whether more wait). Raises Http2Error."""
         buffer = self._buffer
         buffer += data
         events: list[Any] = []
@@ -240,7 +244,9 @@ class ServerCodec:
             self._preface = True
             position = len(PREFACE)
         end = len(buffer)
-        while end - position >= 9:
+        left = max_frames or -1
+        while end - position >= 9 and left:
+            left -= 1
             length = int.from_bytes(buffer[position:position + 3], "big")
             if length > MAX_FRAME:
                 self._fail(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {MAX_FRAME})")
@@ -256,6 +262,11 @@ class ServerCodec:
         if self._window_event:
             events.append((WINDOW, 0))
         return events
+
+    def ready(self) -> bool:
+        """Whether a whole frame waits in what was received (left by ``max_frames``)."""
+        buffer = self._buffer
+        return self._preface and len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big")
 
     @property
     def preface_received(self) -> bool:

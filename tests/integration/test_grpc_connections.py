@@ -428,8 +428,9 @@ async def wait_for(condition, timeout: float = 10.0) -> None:
 
 
 async def test_request_bytes_held_count_from_the_first_byte_even_compressed(nursery):
-    """Finding 1: unary messages that never end their stream were not counted, so a 4 KiB gzip
-    message held 4 MiB. Now every byte a connection holds for calls not yet given them counts:
+    """Finding 1: a unary message whose stream never ended was not counted once complete, and a
+    gzip one was held decompressed (4 KiB on the wire held 4 MiB). Now every byte a connection
+    holds for calls not yet given them counts, and a compressed message is held as it came:
     past MAX_HELD (32 MiB) the connection ends with GOAWAY ENHANCE_YOUR_CALM, and nothing stays
     held."""
     methods = Methods()
@@ -438,21 +439,28 @@ async def test_request_bytes_held_count_from_the_first_byte_even_compressed(nurs
     bomb = message(b"\x00" * (4 << 20), compressed=True)
     assert len(bomb) < 8192
     raw = await RawHttp2.open(port)
-    for sid in range(1, 2 * 40, 2):
-        if not await raw.send(raw.head(sid, "/t.T/Echo", metadata=[("grpc-encoding", "gzip")]) + raw.data(sid, bomb)):
+    for sid in range(1, 2 * 8, 2):
+        await raw.send(raw.head(sid, "/t.T/Echo", metadata=[("grpc-encoding", "gzip")]) + raw.data(sid, bomb))
+    await wait_for(lambda: server.held == 8 * (len(bomb) - 5))  # as they came, not 32 MiB
+    whole = message(b"w" * (1 << 20))
+    for sid in range(17, 17 + 2 * 40, 2):  # 40 MiB of complete messages, never their streams' end
+        if not await raw.send(raw.head(sid, "/t.T/Echo") + raw.data(sid, whole)):
             break
     assert await raw.read(goaway, timeout=10), "no GOAWAY"
     assert raw.goaway()[0] == 11  # ENHANCE_YOUR_CALM
     await wait_for(lambda: server.held == 0)
     await raw.aclose()
     assert await blocking(lambda: channel(port).unary_unary("/t.T/Echo")(b"fine", timeout=30)) == b"fine"
+    # A compressed message is decompressed (within the limit) when its call runs.
+    assert await blocking(lambda: channel(port).unary_unary("/t.T/Echo")(
+        b"z" * 5000, timeout=30, compression=grpc.Compression.Gzip)) == b"z" * 5000
 
 
 async def test_the_server_refuses_a_message_past_its_bytes_held(nursery):
-    """Across connections, a message that would take the server over ``max_held_bytes`` is
-    RESOURCE_EXHAUSTED; a small call still goes through."""
+    """Across connections, a large message that would take the server into the last quarter of
+    ``max_held_bytes`` is RESOURCE_EXHAUSTED; a small call still goes through."""
     methods = Methods()
-    server = GrpcServer(methods.table(), limits=Limits(max_message_bytes=4 << 20, max_held_bytes=10 << 20),
+    server = GrpcServer(methods.table(), limits=Limits(max_message_bytes=4 << 20, max_held_bytes=12 << 20),
                         name="held")
     port = await nursery.start(server.serve, "127.0.0.1", 0)
     big = message(b"b" * (4 << 20))
@@ -634,4 +642,27 @@ async def test_an_answer_the_clients_window_holds_shut_is_given_up(nursery):
     assert await raw.read(ended(1), timeout=5)
     assert raw.was_reset(1) == 8  # CANCEL
     await wait_for(lambda: server.calls == 0)
+    await raw.aclose()
+
+
+async def test_a_connection_decompresses_within_its_budget(nursery):
+    """A gzip bomb is 4 KiB on the wire and 4 MiB (milliseconds of CPU) once inflated: a
+    connection inflates INFLATE_BURST bytes at once, then INFLATE_RATE a second; past that a
+    compressed call is RESOURCE_EXHAUSTED, and an uncompressed one still goes through."""
+    methods = Methods()
+    server = GrpcServer(methods.table(), limits=Limits(max_message_bytes=4 << 20), name="inflating")
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    raw = await RawHttp2.open(port)
+    bomb = message(b"\x00" * (4 << 20), compressed=True)
+    sids = range(1, 2 * 6, 2)
+    # Big answers the number its request says: 4 MiB of zeros is none (UNKNOWN), once inflated.
+    await raw.send(b"".join(raw.head(sid, "/t.T/Big", metadata=[("grpc-encoding", "gzip")]) + raw.data(sid, bomb, end=True)
+                            for sid in sids))
+    assert await raw.read(lambda f: all(raw.status(sid) is not None for sid in sids), timeout=10)
+    statuses = [raw.status(sid) for sid in sids]
+    assert statuses[0] == 2 and 8 in statuses, statuses
+    refused = next(raw.heads(sid)[-1] for sid in sids if raw.status(sid) == 8)
+    assert "decompressed bytes" in refused["grpc-message"]
+    await raw.send(raw.head(21, "/t.T/Big") + raw.data(21, message(b"10"), end=True))
+    assert await raw.read(ended(21), timeout=5) and raw.status(21) == 0
     await raw.aclose()
