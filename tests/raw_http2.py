@@ -27,6 +27,17 @@ def message(payload: bytes, *, compressed: bool = False) -> bytes:
     return bytes((1 if compressed else 0,)) + len(payload).to_bytes(4, "big") + payload
 
 
+def request_head(encoder: hpack.Encoder, sid: int, path: str, *, end: bool = False,
+                 metadata: Iterable[tuple[str, str]] = (), fields: list[tuple[str, str]] | None = None) -> bytes:
+    """A gRPC request's HEADERS frame, its block made by ``encoder`` (``fields``: instead of the
+    usual pseudo-headers and content-type)."""
+    if fields is None:
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+                  ("content-type", "application/grpc"), ("te", "trailers")]
+    block = encoder.encode([*fields, *metadata])
+    return frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), sid, block)
+
+
 def settings(*pairs: tuple[int, int]) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big") for key, value in pairs))
 
@@ -54,12 +65,8 @@ class RawHttp2:
 
     def head(self, sid: int, path: str, *, end: bool = False, metadata: Iterable[tuple[str, str]] = (),
              fields: list[tuple[str, str]] | None = None) -> bytes:
-        """A request's HEADERS frame (``fields``: instead of the usual pseudo-headers and content-type)."""
-        if fields is None:
-            fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
-                      ("content-type", "application/grpc"), ("te", "trailers")]
-        block = self.encoder.encode([*fields, *metadata])
-        return frame(HEADERS, END_HEADERS | (END_STREAM if end else 0), sid, block)
+        """A request's HEADERS frame (:func:`request_head`, with this connection's encoder)."""
+        return request_head(self.encoder, sid, path, end=end, metadata=metadata, fields=fields)
 
     @staticmethod
     def data(sid: int, payload: bytes, *, end: bool = False) -> bytes:
