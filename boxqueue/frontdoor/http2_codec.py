@@ -85,10 +85,12 @@ RESET_REMEMBERED = 256  # the streams we reset last, whose late frames are ignor
 TABLE_SIZE_ZERO = b"\x20"  # an HPACK dynamic table size update to 0 (RFC 7541 6.3)
 
 # RFC 9113 8.2 and 8.3: what a request's fields may hold.
-REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+_PSEUDO = {b":method": 1, b":scheme": 2, b":authority": 4, b":path": 8}  # the request's, as bits
+_REQUIRED = 1 | 2 | 8
 CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
-_BAD_NAME = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]").search  # a token in lower case, and nothing else
-_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$").search
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # a field name's characters (a token in lower case)
+_BAD_VALUE = re.compile(rb"[\x00\r\n]").search
+_WHITE = b" \t"
 
 
 class Budget:
@@ -118,26 +120,37 @@ class Budget:
         return self.tokens
 
 
-def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False) -> str | None:
-    """Why a request head (or its trailers) breaks RFC 9113 8.2 and 8.3; None if it does not."""
-    pseudo: set[bytes] = set()
+def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False,
+              checked: dict[Any, None] | None = None) -> str | None:
+    """Why a request head (or its trailers) breaks RFC 9113 8.2 and 8.3; None if it does not.
+    ``checked``: fields whose characters were found valid before (a client repeats most of its
+    fields on every call), filled here."""
+    pseudo = 0
     regular = False
-    for name, value in headers:
-        if name[:1] == b":":
-            if trailers or regular:
-                return f"the pseudo-header field {name!r} in trailers or after a regular field"
-            if name not in REQUEST_PSEUDO or name in pseudo or not value:
-                return f"the pseudo-header field {name!r} unknown, repeated or empty"
-            pseudo.add(name)
+    for field in headers:
+        name, value = field
+        bit = _PSEUDO.get(name, 0)
+        if bit:
+            if trailers or regular or pseudo & bit or not value:
+                return f"the pseudo-header field {name!r} in trailers, after a regular field, repeated or empty"
+            pseudo |= bit
         else:
+            if name[:1] == b":":
+                return f"the pseudo-header field {name!r}"
             regular = True
-            if not name or _BAD_NAME(name) is not None:
-                return f"the field name {name!r}"
             if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
                 return f"the connection-specific field {name!r}"
-        if _BAD_VALUE(value) is not None:
+        if checked is not None and field in checked:
+            continue
+        if not name or (not bit and name.translate(None, _TOKEN)):
+            return f"the field name {name!r}"
+        if value and (_BAD_VALUE(value) is not None or value[0] in _WHITE or value[-1] in _WHITE):
             return f"the value of {name!r}"
-    if not trailers and len(pseudo - {b":authority"}) < 3:
+        if checked is not None:
+            if len(checked) >= 512:
+                checked.clear()
+            checked[field] = None
+    if not trailers and pseudo & _REQUIRED != _REQUIRED:
         return "a request without :method, :scheme or :path"  # gRPC never sends CONNECT
     return None
 
@@ -213,6 +226,7 @@ class ServerCodec:
         self._events: list[Any] = []
         self._window_event = False
         self._continuations = 0
+        self._checked: dict[Any, None] = {}  # fields found valid (see malformed)
         self._table_update = b""  # a dynamic table size update owed at the start of our next head
         self._reset_by_us: dict[int, None] = {}  # the last RESET_REMEMBERED streams we reset
         self._resets = Budget(RESET_BURST, RESET_RATE, clock)
@@ -428,7 +442,7 @@ class ServerCodec:
                 self.reset(stream, STREAM_CLOSED)
                 self._events.append((RESET, stream))
                 return
-            if malformed(headers, trailers=True) is not None:
+            if malformed(headers, trailers=True, checked=self._checked) is not None:
                 self.reset(stream, PROTOCOL_ERROR)
                 self._count_reset()
                 self._events.append((RESET, stream))
@@ -445,7 +459,7 @@ class ServerCodec:
         if len(self.streams) >= self.max_streams:
             self._refuse(stream, REFUSED_STREAM)
             return
-        if malformed(headers) is not None:
+        if malformed(headers, checked=self._checked) is not None:
             self._refuse(stream, PROTOCOL_ERROR)
             return
         self.streams[stream] = _Stream(self.peer_initial_window, ended)
