@@ -748,6 +748,15 @@ class _Connection:
 
     def _messages(self, stream: _Stream, data: bytes) -> bool:
         """The messages ``data`` completes, handed on; False if the call was answered for them."""
+        if not stream.body and stream.requests is None and stream.message is None and len(data) >= 5 and not data[0]:
+            # The usual unary request: one uncompressed message in one DATA frame.
+            size = len(data) - 5
+            if int.from_bytes(data[1:5], "big") == size and size <= self.server.limits.max_message_bytes:
+                stream.message = data[5:]
+                stream.received += 1
+                self.held += size
+                self.server.held += size
+                return self._may_hold(stream, size)
         body = stream.body
         body += data
         self.hold(len(data))
