@@ -319,7 +319,7 @@ class _Stream:
         self.compressed = False
         self.body = bytearray()
         self.message: bytes | None = None  # a unary call's request (counted as held until its call starts)
-        self.inflate = False  # ... gzip compressed (decompressed by the call)
+        self.inflate = False  # ... gzip compressed (decompressed when the call starts)
         self.requests: Inbox | None = None  # a streaming call's
         self.scope: trio.CancelScope | None = None
         self.answered = False  # its end (trailers or a reset) is sent: what it still sends is dropped
