@@ -4,13 +4,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 NODE_STAMP := $(VENV)/node/.installed
+GRPC_JS_STAMP := $(VENV)/node/.grpc-js-installed
+NGHTTP2_STAMP := $(VENV)/.nghttp2-client
 ZAQARCLIENT_STAMP := $(VENV)/zaqarclient/.installed
 DECKARD_GEN := boxqueue/facades/deckard/generated
 DECKARD_STAMP := $(DECKARD_GEN)/deckard_service_pb2_grpc.py
 
-.PHONY: install build check-cc tarantool-package run cluster test test-pure fuzz soak faults lint docs bench clean
+.PHONY: install build check-cc tarantool-package fault-tools run cluster test test-pure fuzz soak faults lint docs bench clean
 
-install: check-cc $(STAMP) $(NODE_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) tarantool-package build
+install: check-cc $(STAMP) $(NODE_STAMP) $(GRPC_JS_STAMP) $(NGHTTP2_STAMP) $(ZAQARCLIENT_STAMP) $(DECKARD_STAMP) tarantool-package fault-tools build
 
 # The request path is compiled with Cython (boxqueue/compiled.py lists the modules): a C compiler
 # is a requirement of the supported machine.
@@ -57,6 +59,34 @@ tarantool-package:
 				|| { timeout 300 apt-get update -q >/dev/null && timeout 600 apt-get install -y -q tarantool >/dev/null; }; } \
 			|| echo "apt-get could not install tarantool: the net.box and Tarantool console tests will be skipped"; \
 		else echo "tarantool is not installed and apt-get cannot install it here (root needed): the net.box and Tarantool console tests will be skipped"; fi; }
+
+# gRPC clients we did not write, for the front door's tests (tests/integration/test_independent_clients.py):
+# Node's @grpc/grpc-js (with @grpc/proto-loader) from npm, and Debian's nghttp2-client (nghttp,
+# h2load) through apt-get where it can run (as root); the tests say what they skip otherwise.
+$(GRPC_JS_STAMP): $(STAMP)
+	@if command -v npm >/dev/null 2>&1; then \
+		timeout 300 npm install --silent --no-audit --no-fund --prefix $(VENV)/node @grpc/grpc-js@1.14.7 @grpc/proto-loader@0.8.1 \
+		&& touch $(GRPC_JS_STAMP) || echo "npm install failed: the grpc-js tests will be skipped"; \
+	else echo "npm not found: the grpc-js tests will be skipped"; fi
+
+$(NGHTTP2_STAMP): $(STAMP)
+	@if command -v nghttp >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1; then touch $(NGHTTP2_STAMP); \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		{ timeout 600 apt-get install -y -q nghttp2-client >/dev/null 2>&1 \
+		  || { timeout 600 apt-get update -q >/dev/null 2>&1 && timeout 600 apt-get install -y -q nghttp2-client >/dev/null 2>&1; }; } \
+		&& touch $(NGHTTP2_STAMP) || echo "apt-get install nghttp2-client failed: the nghttp and h2load tests will be skipped"; \
+	else echo "nghttp2-client is not installed and apt-get cannot run here: the nghttp and h2load tests will be skipped"; fi
+
+# The fault suite's tools (tests/faults): nftables for partitions, iproute2 for namespaces and tc,
+# from Debian's packages where apt-get can run (as root); the suite skips, saying why, elsewhere.
+fault-tools:
+	@command -v nft >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			export DEBIAN_FRONTEND=noninteractive; \
+			{ timeout 600 apt-get install -y -q nftables iproute2 >/dev/null 2>&1 \
+				|| { timeout 300 apt-get update -q >/dev/null && timeout 600 apt-get install -y -q nftables iproute2 >/dev/null; }; } \
+			|| echo "apt-get could not install nftables and iproute2: the fault suite will be skipped"; \
+		else echo "nft, ip or tc missing and apt-get cannot install them here (root needed): the fault suite will be skipped"; fi; }
 
 # python-zaqarclient 3.0.1 (the last with a v1.1 client), in a venv of its own (its OpenStack
 # dependencies stay out of the project's), for the Zaqar token-auth test over TLS.

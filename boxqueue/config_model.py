@@ -664,6 +664,15 @@ class DeckardConfig(Section):
     token: Token | None = Field(None, description="set: every call needs `authorization: Bearer <token>`")
     tls: DeckardTlsConfig | None = Field(None, description="TLS on the gRPC port")
     max_connections: Count | None = Field(None, description="connections at once; beyond it a new one is closed")
+    header_timeout_s: Seconds = Field(
+        20.0, ge=0.1, description="the HTTP/2 preface, and then each frame or head from its first byte, must arrive within it"
+    )
+    body_timeout_s: Seconds = Field(
+        60.0, ge=0.1, description="a unary call's request from its head to its end (and any request message from its first byte) within it, else DEADLINE_EXCEEDED"
+    )
+    idle_timeout_s: Seconds = Field(
+        300.0, ge=0.1, description="a connection without a call for this long gets GOAWAY and is closed"
+    )
 
 
 class ZaqarToken(Section):

@@ -633,6 +633,7 @@ class Server:
                 token=deckard.token,
                 tls=server_context(deckard.tls, alpn=("h2",)) if deckard.tls is not None else None,
                 max_connections=deckard.max_connections,
+                timeouts=(deckard.header_timeout_s, deckard.body_timeout_s, deckard.idle_timeout_s),
                 meter=self.observed.meter("deckard"),
                 follower=None if engine else (lambda: node.leader_facade_url("deckard")),
             )

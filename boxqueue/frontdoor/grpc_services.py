@@ -55,7 +55,7 @@ class Health:
             raise GrpcError(Status.NOT_FOUND, "unknown service")
         return health_pb2.HealthCheckResponse(status=status).SerializeToString()
 
-    async def _watch(self, requests: trio.MemoryReceiveChannel[bytes], send: Send, call: Call) -> None:
+    async def _watch(self, requests: trio.abc.ReceiveChannel[bytes], send: Send, call: Call) -> None:
         try:
             data = await requests.receive()
         except trio.EndOfChannel:
@@ -75,7 +75,7 @@ def reflection_methods(service_names: tuple[str, ...]) -> dict[str, Method]:
     """Server reflection, ``v1alpha`` and ``v1``, listing ``service_names`` (and itself)."""
     servicer = reflection.ReflectionServicer((*service_names, REFLECTION_V1ALPHA, REFLECTION_V1))
 
-    async def info(requests: trio.MemoryReceiveChannel[bytes], send: Send, call: Call) -> None:
+    async def info(requests: trio.abc.ReceiveChannel[bytes], send: Send, call: Call) -> None:
         async for data in requests:
             request = parse(reflection_pb2.ServerReflectionRequest, data)
             # The servicer yields one answer per request it reads: hand it one at a time, so a

@@ -85,10 +85,12 @@ RESET_REMEMBERED = 256  # the streams we reset last, whose late frames are ignor
 TABLE_SIZE_ZERO = b"\x20"  # an HPACK dynamic table size update to 0 (RFC 7541 6.3)
 
 # RFC 9113 8.2 and 8.3: what a request's fields may hold.
-REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+_PSEUDO = {b":method": 1, b":scheme": 2, b":authority": 4, b":path": 8}  # the request's, as bits
+_REQUIRED = 1 | 2 | 8
 CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
-_BAD_NAME = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]").search  # a token in lower case, and nothing else
-_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$").search
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"  # a field name's characters (a token in lower case)
+_BAD_VALUE = re.compile(rb"[\x00\r\n]").search
+_WHITE = b" \t"
 
 
 class Budget:
@@ -105,36 +107,50 @@ class Budget:
 
     def spend(self) -> bool:
         """One token; False when none is left."""
-        if self.tokens < 1.0:
-            now = self.clock()
-            self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
-            self.at = now
-            if self.tokens < 1.0:
-                return False
+        if self.tokens < 1.0 and self.available() < 1.0:
+            return False
         self.tokens -= 1.0
         return True
 
+    def available(self) -> float:
+        """The tokens now (refilled for the time passed)."""
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        return self.tokens
 
-def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False) -> str | None:
-    """Why a request head (or its trailers) breaks RFC 9113 8.2 and 8.3; None if it does not."""
-    pseudo: set[bytes] = set()
+
+def malformed(headers: Iterable[tuple[Any, Any]], trailers: bool = False,
+              checked: dict[Any, None] | None = None) -> str | None:
+    """Why a request head (or its trailers) breaks RFC 9113 8.2 and 8.3; None if it does not.
+    ``checked``: fields whose characters were found valid before (a client repeats most of its
+    fields on every call), filled here."""
+    pseudo = 0
     regular = False
-    for name, value in headers:
-        if name[:1] == b":":
-            if trailers or regular:
-                return f"the pseudo-header field {name!r} in trailers or after a regular field"
-            if name not in REQUEST_PSEUDO or name in pseudo or not value:
-                return f"the pseudo-header field {name!r} unknown, repeated or empty"
-            pseudo.add(name)
+    for field in headers:
+        name, value = field
+        bit = _PSEUDO.get(name, 0)
+        if bit:
+            if trailers or regular or pseudo & bit or not value:
+                return f"the pseudo-header field {name!r} in trailers, after a regular field, repeated or empty"
+            pseudo |= bit
         else:
+            if name[:1] == b":":
+                return f"the pseudo-header field {name!r}"
             regular = True
-            if not name or _BAD_NAME(name) is not None:
-                return f"the field name {name!r}"
             if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
                 return f"the connection-specific field {name!r}"
-        if _BAD_VALUE(value) is not None:
+        if checked is not None and field in checked:
+            continue
+        if not name or (not bit and name.translate(None, _TOKEN)):
+            return f"the field name {name!r}"
+        if value and (_BAD_VALUE(value) is not None or value[0] in _WHITE or value[-1] in _WHITE):
             return f"the value of {name!r}"
-    if not trailers and len(pseudo - {b":authority"}) < 3:
+        if checked is not None:
+            if len(checked) >= 512:
+                checked.clear()
+            checked[field] = None
+    if not trailers and pseudo & _REQUIRED != _REQUIRED:
         return "a request without :method, :scheme or :path"  # gRPC never sends CONNECT
     return None
 
@@ -210,6 +226,7 @@ class ServerCodec:
         self._events: list[Any] = []
         self._window_event = False
         self._continuations = 0
+        self._checked: dict[Any, None] = {}  # fields found valid (see malformed)
         self._table_update = b""  # a dynamic table size update owed at the start of our next head
         self._reset_by_us: dict[int, None] = {}  # the last RESET_REMEMBERED streams we reset
         self._resets = Budget(RESET_BURST, RESET_RATE, clock)
@@ -222,8 +239,9 @@ class ServerCodec:
 
     # -- what the client sends -------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[Any]:
-        """The events in ``data`` (and what came before it unparsed). Raises Http2Error."""
+    def receive(self, data: bytes, max_frames: int = 0) -> list[Any]:
+        """The events in ``data`` (and what came before it unparsed), from at most ``max_frames``
+        frames (0: all; :meth:`ready` says whether more wait). Raises Http2Error."""
         buffer = self._buffer
         buffer += data
         events: list[Any] = []
@@ -240,7 +258,9 @@ class ServerCodec:
             self._preface = True
             position = len(PREFACE)
         end = len(buffer)
-        while end - position >= 9:
+        left = max_frames or -1
+        while end - position >= 9 and left:
+            left -= 1
             length = int.from_bytes(buffer[position:position + 3], "big")
             if length > MAX_FRAME:
                 self._fail(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {MAX_FRAME})")
@@ -256,6 +276,15 @@ class ServerCodec:
         if self._window_event:
             events.append((WINDOW, 0))
         return events
+
+    def ready(self) -> bool:
+        """Whether a whole frame waits in what was received (left by ``max_frames``)."""
+        buffer = self._buffer
+        return self._preface and len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big")
+
+    @property
+    def preface_received(self) -> bool:
+        return self._preface
 
     def partial(self) -> bool:
         """Whether part of the preface, of a frame or of a head (awaiting its CONTINUATION) has come
@@ -413,7 +442,7 @@ class ServerCodec:
                 self.reset(stream, STREAM_CLOSED)
                 self._events.append((RESET, stream))
                 return
-            if malformed(headers, trailers=True) is not None:
+            if malformed(headers, trailers=True, checked=self._checked) is not None:
                 self.reset(stream, PROTOCOL_ERROR)
                 self._count_reset()
                 self._events.append((RESET, stream))
@@ -430,7 +459,7 @@ class ServerCodec:
         if len(self.streams) >= self.max_streams:
             self._refuse(stream, REFUSED_STREAM)
             return
-        if malformed(headers) is not None:
+        if malformed(headers, checked=self._checked) is not None:
             self._refuse(stream, PROTOCOL_ERROR)
             return
         self.streams[stream] = _Stream(self.peer_initial_window, ended)
@@ -560,9 +589,9 @@ class ServerCodec:
         if len(reset) > RESET_REMEMBERED:
             del reset[next(iter(reset))]
 
-    def go_away(self, code: int = NO_ERROR) -> None:
-        """The streams opened so far may finish; no other will be served."""
-        self.out += frame(F_GOAWAY, 0, 0, self.highest.to_bytes(4, "big") + code.to_bytes(4, "big"))
+    def go_away(self, code: int = NO_ERROR, text: str = "") -> None:
+        """The streams opened so far may finish; no other will be served (``text``: the debug data)."""
+        self.out += frame(F_GOAWAY, 0, 0, self.highest.to_bytes(4, "big") + code.to_bytes(4, "big") + text.encode()[:256])
 
     def data_to_send(self) -> bytes:
         out = bytes(self.out)

@@ -64,10 +64,12 @@ class DeckardFacade:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         max_connections: int | None = None,
+        timeouts: tuple[float, float, float] = (Limits.header_timeout_s, Limits.body_timeout_s, Limits.idle_timeout_s),
         meter: RequestMeter | None = None,
         follower: Callable[[], str | None] | None = None,
     ) -> None:
-        """``tls``: a server context offering ALPN ``h2``. ``follower``: this node follows a
+        """``tls``: a server context offering ALPN ``h2``. ``timeouts``: the connections' header, body
+        and idle timeouts (:class:`boxqueue.frontdoor.grpc_connections.Limits`). ``follower``: this node follows a
         replica set's leader (the callable names the leader's Deckard address): every Deckard
         call is UNAVAILABLE (facades.follower)."""
         self.follower = follower
@@ -81,6 +83,7 @@ class DeckardFacade:
         self.token = token  # `authorization: Bearer <token>` required on every call but health checks
         self.tls = tls
         self.max_connections = max_connections
+        self.timeouts = timeouts
         self.meter = meter
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -119,8 +122,10 @@ class DeckardFacade:
         token = BearerToken(self.token) if self.token is not None else None
         metered = [*deckard, f"/{HEALTH}/Check"]
         meter = CallMeter(self.meter, metered, token.check if token is not None else None)
+        header_s, body_s, idle_s = self.timeouts
         limits = Limits(max_message_bytes=MAX_MESSAGE_BYTES, max_metadata_bytes=MAX_METADATA_BYTES,
                         max_streams=MAX_STREAMS_PER_CONNECTION, max_calls=MAX_CONCURRENT_CALLS,
-                        max_connections=self.max_connections)
+                        max_connections=self.max_connections, preface_timeout_s=header_s, header_timeout_s=header_s,
+                        body_timeout_s=body_s, idle_timeout_s=idle_s)
         return GrpcServer(methods, limits=limits, ssl_context=self.tls, guard=meter.begin,
                           finished=meter.finished, name="Deckard")

@@ -36,7 +36,7 @@ async def serve_sonya(
     if meter is not None:
         app = MeteredApp(app, meter)
     sockets = WebSocketListeners(broadcast, tokens, meter)
-    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown, meter)
+    polls = LongPolls(broadcast, tokens, longpoll_max_wait_s, shutdown, meter, listening.keep_alive_timeout_s)
 
     def takeover(request: h11.Request) -> Handler | None:
         return sockets.takeover(request) or polls.takeover(request)

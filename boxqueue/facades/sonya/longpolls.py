@@ -46,7 +46,7 @@ from boxqueue.tubes.sequences import Message
 
 LONGPOLL_PATH = re.compile(r"/queue/listen/longpoll/([^/]+)(?:/([^/]+))?")
 MAX_BUFFERED = 65536  # what a client may send ahead of its answers before we stop reading
-IDLE_S = 75.0  # as hypercorn's keep-alive timeout
+IDLE_S = 75.0  # as hypercorn's keep-alive timeout (the listener's keep_alive_timeout_s, when served)
 
 
 class _Poll:
@@ -93,11 +93,13 @@ class _Poll:
 class _Connection:
     """One taken-over connection: what the client sent that is not handled yet."""
 
-    def __init__(self, sock: socket.socket, buffered: bytes) -> None:
+    def __init__(self, sock: socket.socket, buffered: bytes, idle_s: float = IDLE_S) -> None:
         self.sock = sock
         self.buffer = bytearray(buffered)
+        self.idle_s = idle_s
         self.eof = False
         self.stopping = False
+        self.late = False  # the next head did not arrive within idle_s
         self.waiting: trio.CancelScope | None = None  # the task's wait for the client's bytes
 
     async def read_more(self) -> None:
@@ -116,15 +118,16 @@ class _Connection:
             self.waiting.cancel()
 
     async def next_head(self) -> bool:
-        """Read (up to ``IDLE_S``) until a whole request head is buffered; False if the client
+        """Read (up to ``idle_s``) until a whole request head is buffered; False if the client
         left, went quiet, sent too much, or the server is stopping."""
         if HEAD_END in self.buffer:  # usually: it came while the last poll waited
             return True
-        with trio.move_on_after(IDLE_S) as self.waiting:
+        with trio.move_on_after(self.idle_s) as self.waiting:
             while HEAD_END not in self.buffer:
                 if self.eof or self.stopping or len(self.buffer) >= MAX_BUFFERED:
                     break
                 await self.read_more()
+        self.late = self.waiting.cancelled_caught and not self.stopping
         self.waiting = None
         return HEAD_END in self.buffer
 
@@ -133,18 +136,19 @@ class LongPolls:
     """Decides which connections start with a long-poll, and serves their long-polls."""
 
     def __init__(self, broadcast: Broadcast, tokens: Tokens, longpoll_max_wait_s: float, shutdown: trio.Event,
-                 meter: RequestMeter | None = None) -> None:
+                 meter: RequestMeter | None = None, idle_s: float = IDLE_S) -> None:
         self.broadcast = broadcast
         self.tokens = tokens
         self.max_wait = longpoll_max_wait_s if longpoll_max_wait_s > 0 else math.inf
         self.shutdown = shutdown
         self.meter = meter  # counts each long-poll (operation "longpoll") by its status
+        self.idle_s = idle_s  # between a connection's long-polls, up to the end of the next head
 
     def takeover(self, request: h11.Request) -> Handler | None:
         return self.serve if _route(request) is not None else None
 
     async def serve(self, sock: socket.socket, request: h11.Request, head: bytes, rest: bytes) -> bytes | None:
-        conn = _Connection(sock, rest)
+        conn = _Connection(sock, rest, self.idle_s)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.stop_when, self.shutdown)
             try:
@@ -156,7 +160,7 @@ class LongPolls:
                     if not await self._answer(conn, route, request, keep) or not keep or conn.stopping:
                         return None
                     if not await conn.next_head():
-                        if conn.buffer and not conn.eof and not conn.stopping:
+                        if conn.buffer and not conn.eof and not conn.stopping and not conn.late:
                             return bytes(conn.buffer)  # more than a head we parse: hypercorn's
                         return None
                     parsed = parse_head(bytes(conn.buffer))
