@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         leaves = _leaves(exc)
         if leaves and all(isinstance(e, StorageError | OSError | BoxError) for e in leaves):
             for leaf in leaves:
+                if isinstance(leaf, BoxError):  # a refusal no task caught: where from, for the fix
+                    logging.getLogger("boxqueue").error("the server ends on an error no task caught", exc_info=leaf)
                 prefix = "cannot listen: " if isinstance(leaf, OSError) else ""
                 print(f"boxqueue: {prefix}{leaf}", file=sys.stderr)
             return 1
