@@ -147,14 +147,15 @@ class StreamProcedures:
         if not isinstance(rows, list) or len(rows) > MAX_BATCH:
             raise _illegal(f"{fn}: 'rows' must be an array of at most {MAX_BATCH} rows")
         items = []
-        for row in rows:
+        for number, row in enumerate(rows):
+            where = f"{fn}: row {number}"
             if not isinstance(row, list) or len(row) < 4:
-                raise _illegal(f"{fn}: a row is {{delay, ttl, ttr, pri, data...}}")
-            delay, ttl, ttr = (_seconds(v or 0, what, fn) for v, what in zip(row[:3], ("delay", "ttl", "ttr"),
-                                                                              strict=True))
+                raise _illegal(f"{where}: a row is {{delay, ttl, ttr, pri, data...}}")
+            delay, ttl, ttr = (_seconds(v or 0, what, where) for v, what in zip(row[:3], ("delay", "ttl", "ttr"),
+                                                                                strict=True))
             pri = tonumber(row[3] or 0)
             if pri is None:
-                raise _illegal(f"{fn}: 'pri' must be a number")
+                raise _illegal(f"{where}: 'pri' must be a number")
             items.append((delay, ttl or None, ttr or None, _stored_pri(pri), row[4:]))
         written = await self.engine.put_marked(space_id, name, items, _mark(mark, fn), kind=self.kind)
         return [written]

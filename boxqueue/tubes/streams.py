@@ -176,7 +176,12 @@ class Streams(EngineBase):
         await self._open_records()
         if mark is not None and self._marked(mark):
             return None
-        writes = [space.prepare_put(pack(t), t, REPLACE) for t in tuples]
+        writes = []
+        for row, fields in enumerate(tuples):
+            try:
+                writes.append(space.prepare_put(pack(fields), fields, REPLACE))
+            except BoxError as exc:
+                raise BoxError(exc.code, message=f"row {row}: {exc.message}", error_type=exc.error_type) from None
         if mark is not None:
             writes.append(self._record_write(SINK_MARKS, [*mark[:5], len(tuples), now_us()], []))
 

@@ -1,0 +1,180 @@
+"""Spark Structured Streaming on tubes (boxqueue/pipeline/stream_source.py, stream_sink.py) with a
+real local Spark against real servers: a query moves 100,000 tasks from one tube to another
+
+* in a driver of its own (tests/integration/stream_driver.py) killed with kill -9 twice mid-stream
+  and started again from its checkpoint: every task arrives exactly once, the source ends empty;
+* while the server is killed (kill -9) and started again mid-stream: nothing lost, nothing twice;
+* while a replica set's leader is killed and another takes over: nothing lost (at least once).
+
+The last two run in the Spark session the other Spark tests share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import tarantool
+
+from boxqueue.pipeline.spark import register
+from tests.integration.replica_fixtures import Cluster
+from tests.integration.spark_fixtures import PIPELINE_SPACES, java_missing, spark_session
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.skipif(java_missing(), reason="Spark needs Java 17 (java on PATH or JAVA_HOME)")
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = 100_000
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc = ServerProcess(tmp_path / "server", extra_config=PIPELINE_SPACES, wal_mode="write")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session()  # the Spark tests' shared session (getOrCreate)
+    register(session)
+    return session
+
+
+def put_tasks(conn: tarantool.Connection, tube: str, count: int) -> None:
+    for first in range(0, count, 10_000):
+        rows = [[0, 0, 0, 0, f"task-{i}"] for i in range(first, min(count, first + 10_000))]
+        conn.call("boxqueue.put_many", [0, tube, rows])
+
+
+def count(conn: tarantool.Connection, tube: str) -> int:
+    """Tasks of the tube in any state."""
+    return conn.call("box.space.queue.index.tube_status:count", [[tube]]).data[0]
+
+
+def payloads(conn: tarantool.Connection, tube: str) -> Counter:
+    return Counter(task[12] for task in conn.select(0, [tube], index=1, limit=10 * TASKS).data)
+
+
+def wait_for(check, timeout: float, what: str, alive=lambda: True, why=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        assert alive(), f"stopped while waiting for {what}: {why()}"
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def assert_every_task_once(arrived: Counter) -> None:
+    expected = {f"task-{i}" for i in range(TASKS)}
+    assert not expected - set(arrived), f"{len(expected - set(arrived))} tasks lost"
+    twice = {value: n for value, n in arrived.items() if n > 1}
+    assert not twice, f"{len(twice)} tasks arrived more than once, e.g. {list(twice.items())[:5]}"
+    assert set(arrived) == expected
+
+
+def start_driver(uri: str, checkpoint: Path, log: Path, *extra: str) -> subprocess.Popen:
+    """The query in a process group of its own (the driver's JVM and Python workers with it)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.stream_driver", "--uri", uri, "--source", "src",
+             "--target", "dst", "--checkpoint", str(checkpoint), *extra],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_a_driver_killed_twice_mid_stream_moves_every_task_exactly_once(server, tmp_path):
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    put_tasks(conn, "src", TASKS)
+    uri, checkpoint, log = f"127.0.0.1:{server.port}", tmp_path / "checkpoint", tmp_path / "driver.log"
+    for moved in (15_000, 45_000):
+        driver = start_driver(uri, checkpoint, log)
+        try:
+            wait_for(lambda moved=moved: count(conn, "dst") >= moved, 300, f"{moved} tasks moved",
+                     alive=lambda driver=driver: driver.poll() is None)
+        finally:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        at_kill = count(conn, "dst")
+        assert moved <= at_kill < TASKS, f"killed at {at_kill}: not mid-stream\n{log.read_text()[-3000:]}"
+    last = start_driver(uri, checkpoint, log, "--available-now")
+    try:
+        assert last.wait(600) == 0, log.read_text()[-5000:]
+    finally:
+        if last.poll() is None:
+            os.killpg(last.pid, signal.SIGKILL)
+    assert_every_task_once(payloads(conn, "dst"))
+    assert count(conn, "src") == 0
+    assert conn.select("tube_claims", [], limit=10).data == []  # no claim left behind
+    conn.close()
+
+
+def run_query(spark, uri: str, checkpoint: Path, **options: str):
+    reader = spark.readStream.format("boxqueue").option("uri", uri).option("tube", "src").option("queue_space", "0")
+    for key, value in {"maxTasksPerTrigger": "10000", "tasksPerPartition": "5000", **options}.items():
+        reader = reader.option(key, value)
+    return (reader.load().selectExpr("value").writeStream.format("boxqueue").option("uri", uri)
+            .option("tube", "dst").option("queue_space", "0").option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="0 seconds").start())
+
+
+def test_a_server_killed_mid_stream_loses_nothing_and_duplicates_nothing(server, spark, tmp_path):
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    put_tasks(conn, "src", TASKS)
+    conn.close()
+    query = run_query(spark, f"127.0.0.1:{server.port}", tmp_path / "checkpoint")
+    try:
+        probe = tarantool.Connection("127.0.0.1", server.port)
+        wait_for(lambda: count(probe, "dst") >= 30_000, 300, "30,000 tasks moved", alive=lambda: query.isActive, why=query.exception)
+        probe.close()
+        server.kill()
+        time.sleep(1)
+        server.start()
+        conn = tarantool.Connection("127.0.0.1", server.port)
+        wait_for(lambda: count(conn, "src") == 0, 300, "the source emptied", alive=lambda: query.isActive, why=query.exception)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert_every_task_once(payloads(conn, "dst"))
+    conn.close()
+
+
+def test_a_failover_mid_stream_loses_nothing(spark, tmp_path):
+    cluster = Cluster(tmp_path / "cluster")
+    cluster.start()
+    try:
+        leader = cluster.wait_for_leader()
+        conn = cluster.connect(leader)
+        put_tasks(conn, "src", TASKS)
+        conn.close()
+        uri = ",".join(f"127.0.0.1:{cluster.ports[name]}" for name in cluster.names)
+        query = run_query(spark, uri, tmp_path / "checkpoint", failover_timeout="120")
+        try:
+            probe = cluster.connect(leader)
+            wait_for(lambda: count(probe, "dst") >= 30_000, 300, "30,000 tasks moved", alive=lambda: query.isActive, why=query.exception)
+            probe.close()
+            cluster.nodes[leader].kill()
+            successor = cluster.wait_for_leader(timeout=60, other_than=leader)
+            conn = cluster.connect(successor)
+            wait_for(lambda: count(conn, "src") == 0, 300, "the source emptied on the new leader",
+                     alive=lambda: query.isActive, why=query.exception)
+        finally:
+            query.stop()
+        assert query.exception() is None
+        arrived = payloads(conn, "dst")
+        lost = {f"task-{i}" for i in range(TASKS)} - set(arrived)
+        assert not lost, f"{len(lost)} tasks lost"
+        twice = sum(n - 1 for n in arrived.values())
+        print(f"failover: {TASKS} tasks arrived, {twice} of them more than once")
+        conn.close()
+    finally:
+        cluster.stop()
