@@ -86,6 +86,7 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
         super().__init__(*args, **kwargs)
         self.recovery = RecoveryProgress()
         self._marking: set[tuple[Any, ...]] = set()  # sink marks being written (streams.py)
+        self._records_lock = trio.Lock()
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -139,16 +140,20 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
         await self.catalog.drop_space(queue_space.space)
 
     async def _open_records(self) -> None:
-        """The engine's record spaces, created with the first space it owns."""
-        for name, parts in RECORD_KEYS.items():
-            if name in self._records:
-                continue
-            space = self.catalog.by_name.get(name)
-            if space is None:
-                space, _ = await self.catalog.create_space(name, if_not_exists=True)
-            if space.primary is None:
-                await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
-            self._records[name] = space
+        """The engine's record spaces, created with the first space it owns (or a stream's first
+        call); callers that come at once wait for the one creating them."""
+        if len(self._records) == len(RECORD_KEYS):
+            return
+        async with self._records_lock:
+            for name, parts in RECORD_KEYS.items():
+                if name in self._records:
+                    continue
+                space = self.catalog.by_name.get(name)
+                if space is None:
+                    space, _ = await self.catalog.create_space(name, if_not_exists=True)
+                if space.primary is None:
+                    await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
+                self._records[name] = space
 
     async def open_owned(self) -> None:
         """Take back the spaces recorded as the engine's (those of a previous run)."""

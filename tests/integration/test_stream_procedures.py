@@ -11,7 +11,7 @@ import pytest
 import tarantool
 from tarantool.error import DatabaseError
 
-from tests.integration.queue_fixtures import QUEUE_SPACE_0
+from tests.integration.queue_fixtures import QUEUE_SPACE_0, RawIproto
 from tests.serverproc import ServerProcess
 
 ILLEGAL_PARAMS = 1
@@ -194,3 +194,14 @@ def test_bad_arguments_are_refused_with_their_name(server):
     assert "Space '700' does not exist" in str(err.value)  # not a queue space
     assert conn.ping() is not None
     conn.close()
+
+
+def test_the_first_calls_on_a_fresh_server_arriving_together_all_succeed(server):
+    """The first call makes the engine's record spaces; the calls beside it wait for them (each
+    made its own before, and all but one failed with ER_INDEX_EXISTS)."""
+    raw = RawIproto(server.port)
+    calls = [("boxqueue.replace_many", ["target", [[i, "v"]], ["w", 1, i, 0, 0]]) for i in range(8)]
+    calls += [("boxqueue.put_many", [0, "first", [[0, 0, 0, 0, i]], ["w2", 1, i, 0, 0]]) for i in range(8)]
+    answers = [raw.wait_for(sync) for sync in raw.send_many(calls)]
+    assert answers == [(0, [1])] * 16
+    raw.close()
