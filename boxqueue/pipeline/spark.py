@@ -121,7 +121,7 @@ class BoxqueueDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         opts = self.opts
         if overwrite:
-            raise BoxqueueSourceError("the boxqueue stream sink appends: use outputMode append or update, not complete")
+            raise BoxqueueSourceError("the boxqueue stream sink appends: use outputMode append (Spark refuses update for Python sinks), not complete")
         if not opts.space and not opts.tube:
             raise BoxqueueSourceError("writing needs option 'space' or option 'tube'")
         # Spark asks for a writer every micro-batch: the space is described by whichever member

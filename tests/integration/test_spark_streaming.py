@@ -178,3 +178,135 @@ def test_a_failover_mid_stream_loses_nothing(spark, tmp_path):
         conn.close()
     finally:
         cluster.stop()
+
+
+# -- what a stream shows and takes (the shared session, Trigger.AvailableNow) ----------------------
+
+
+def drain(spark, uri: str, tube: str, checkpoint: Path, queue_space: str = "0", **options: str) -> list:
+    """Every task the tube has now, read as a stream (from ``checkpoint``); the rows, in creation order."""
+    reader = spark.readStream.format("boxqueue").option("uri", uri).option("tube", tube).option("queue_space",
+                                                                                                queue_space)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    rows: list = []
+    query = (reader.load().writeStream.foreachBatch(lambda frame, _batch: rows.extend(frame.collect()))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    return sorted(rows, key=lambda row: row.created)
+
+
+def test_a_stream_shows_each_task_once_with_its_fields_and_acks_it(server, spark, tmp_path):
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    first = conn.call("box.queue.put", [0, "shown", 0, 3600, 0, 5, "hello", 42]).data[0]
+    conn.call("box.queue.put", [0, "shown", 0, 0, 0, 0, "second", {"k": [1, 2]}])
+    conn.call("box.queue.put", [0, "shown", 3600, 0, 0, 0, "delayed"])  # not ready: not delivered
+    uri = f"127.0.0.1:{server.port}"
+    before = time.time()
+    rows = drain(spark, uri, "shown", tmp_path / "shown", tasksPerPartition="1")
+    assert [row.value for row in rows] == ["hello", "second"]
+    assert [row.data for row in rows] == ['["hello",42]', '["second",{"k":[1,2]}]']
+    assert rows[0].id == first[0] and {row.tube for row in rows} == {"shown"}
+    assert [row.priority for row in rows] == [5.0, 0.0]  # box.queue's pri, as put
+    assert [row.deliveries for row in rows] == [1, 1]
+    assert 3599 <= (rows[0].expires - rows[0].created).total_seconds() <= 3600  # its ttl
+    assert rows[0].created.timestamp() <= before + 1
+    # Acked: gone from the tube; only the delayed task is left.
+    assert [task[2] for task in conn.select(0, ["shown"], index=1).data] == ["d"]
+    assert drain(spark, uri, "shown", tmp_path / "again") == []
+    conn.close()
+
+
+def test_starting_offsets_latest_leaves_the_tasks_before_it(server, spark, tmp_path):
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    conn.call("box.queue.put", [0, "late", 0, 0, 0, 0, "before"])
+    uri, checkpoint = f"127.0.0.1:{server.port}", tmp_path / "late"
+    assert drain(spark, uri, "late", checkpoint, startingOffsets="latest") == []
+    conn.call("box.queue.put", [0, "late", 0, 0, 0, 0, "after"])
+    assert [row.value for row in drain(spark, uri, "late", checkpoint)] == ["after"]
+    assert [task[12] for task in conn.select(0, ["late"], index=1).data] == ["before"]
+    conn.close()
+
+
+def test_a_stream_into_a_space_replaces_each_row(server, spark, tmp_path):
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    put_tasks(conn, "rows", 2000)
+    uri = f"127.0.0.1:{server.port}"
+    query = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", "rows").load()
+             .selectExpr("cast(substr(value, 6) as bigint) as id", "value as name")
+             .writeStream.format("boxqueue").option("uri", uri).option("space", "archive")
+             .option("checkpointLocation", str(tmp_path / "rows")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(map(list, conn.select("archive", [], limit=5000).data)) == [[i, f"task-{i}"] for i in range(2000)]
+    assert count(conn, "rows") == 0
+    conn.close()
+
+
+def test_tubes_of_zaqar_and_tarantool_queue_are_streams_too(spark, tmp_path):
+    from tests.integration.test_cross_api import Servers
+
+    servers = Servers(tmp_path / "srv")
+    servers.start()
+    try:
+        with servers.zaqar("proj") as z:
+            posted = z.post("/v1.1/queues/inbox/messages", json={"messages": [{"ttl": 300, "body": {"n": i}}
+                                                                               for i in range(3)]})
+            assert posted.status_code == 201
+        conn = servers.iproto()
+        conn.eval("queue.create_tube(..., 'fifo')", ["jobs"])
+        for i in range(3):
+            conn.call("queue.tube.jobs:put", [f"job-{i}"])
+        uri = f"127.0.0.1:{servers.proc.port}"
+        zaqar = drain(spark, uri, "proj/inbox", tmp_path / "zaqar", queue_space="zaqar")
+        assert [row.value for row in zaqar] == ['{"n":0}', '{"n":1}', '{"n":2}']
+        jobs = drain(spark, uri, "jobs", tmp_path / "jobs", queue_space="jobs")
+        assert [(row.value, row.id) for row in jobs] == [("job-0", "0"), ("job-1", "1"), ("job-2", "2")]
+        with servers.zaqar("proj") as z:
+            assert z.get("/v1.1/queues/inbox/stats").json()["messages"]["total"] == 0
+        assert conn.call("queue.tube.jobs:take", [0]).data == []
+        conn.close()
+    finally:
+        servers.stop()
+
+
+def test_the_example_counts_events_in_windows_into_a_tube(server, spark, tmp_path):
+    from boxqueue.pipeline.examples import event_windows
+
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    events = ["click"] * 30 + ["view"] * 12
+    conn.call("boxqueue.put_many", [0, "events", [[0, 0, 0, 0, event] for event in events]])
+    time.sleep(2.5)  # the next event is in a later two-second window, so it closes the first ones
+    conn.call("box.queue.put", [0, "events", 0, 0, 0, 0, "tick"])
+    uri = f"127.0.0.1:{server.port}"
+    args = ["--uri", uri, "--source", "events", "--target", "event_counts", "--checkpoint",
+            str(tmp_path / "windows"), "--window", "2 seconds", "--watermark", "0 seconds", "--max-tasks", "10",
+            "--available-now"]
+    assert event_windows.main(args) == 0
+    per_event: Counter = Counter()
+    for task in conn.select(0, ["event_counts"], index=1).data:
+        start, end, event, total = task[12:16]
+        assert end > start
+        per_event[event] += total
+    assert per_event == Counter(events)  # each window's count once; the tick's window is not over
+    assert count(conn, "events") == 0
+    conn.close()
+
+
+def test_options_and_modes_the_stream_cannot_take_are_refused_by_name(server, spark, tmp_path):
+    uri = f"127.0.0.1:{server.port}"
+    with pytest.raises(Exception, match="option 'startingOffsets' must be earliest or latest"):
+        spark.readStream.format("boxqueue").option("uri", uri).option("tube", "t").option(
+            "startingOffsets", "yesterday").load().writeStream.format("noop").start().awaitTermination(30)
+    with pytest.raises(Exception, match="a tube cannot be read as a batch"):
+        spark.read.format("boxqueue").option("uri", uri).option("tube", "t").load().count()
+    counts = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", "t").load()
+              .groupBy("value").count())
+    query = (counts.writeStream.format("boxqueue").option("uri", uri).option("tube", "out").outputMode("complete")
+             .option("checkpointLocation", str(tmp_path / "complete")).trigger(availableNow=True).start())
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    conn.call("box.queue.put", [0, "t", 0, 0, 0, 0, "x"])
+    with pytest.raises(Exception, match="the boxqueue stream sink appends"):
+        query.awaitTermination(60)
+    conn.close()
