@@ -161,10 +161,14 @@ class Streams(EngineBase):
         tube = self._tube(queue_space, tube_name)
         records, options = self._adopt(queue_space, tube, kind)
         inserts = []
-        for delay, ttl, ttr, pri, data in items:
-            ipri, stored_pri = tube.kind.put_order(pri, None)
-            task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri, pri=stored_pri)
-            inserts.append((task, self.tail(queue_space, data)))
+        tube.pending += 1  # a numbered tube's ids handed out here count as taken (Tube.next_number)
+        try:
+            for delay, ttl, ttr, pri, data in items:
+                ipri, stored_pri = tube.kind.put_order(pri, None)
+                task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri, pri=stored_pri)
+                inserts.append((task, self.tail(queue_space, data)))
+        finally:
+            tube.pending -= 1
         if mark is not None:
             records.append(self._record_write(SINK_MARKS, [*mark[:5], len(items), now_us()], []))
         return await self._with_mark(mark, lambda: self._batch(queue_space, tube, inserts=inserts, records=records),

@@ -128,9 +128,12 @@ def test_claims_take_only_tasks_created_in_their_range(server):
 def test_a_tarantool_queue_tube_is_claimed_by_its_claim_id(server):
     conn = connect(server)
     conn.eval("queue.create_tube(..., 'fifo')", ["jobs"])
-    for i in range(5):
+    for i in range(3):
         conn.call("queue.tube.jobs:put", [f"job-{i}"])
     space = conn.eval("return box.space.jobs.id").data[0]
+    # put_many numbers the tasks of a tarantool/queue tube as its put does (all got id 3 before)
+    assert conn.call("boxqueue.put_many", [space, "jobs", [[0, 0, 0, 0, "job-3"], [0, 0, 0, 0, "job-4"]]]).data == [2]
+    assert [t[0] for t in conn.select(space, [], limit=10).data] == ["0", "1", "2", "3", "4"]
     assert conn.call("boxqueue.stream_claim", [space, "jobs", "q.1.0", 3, 60]).data == [3]
     tasks = read_claim(conn, space, "jobs", "q.1.0")
     assert [t[12] for t in tasks] == [["job-0"], ["job-1"], ["job-2"]]
