@@ -119,13 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tune_interpreter()
     try:
-        trio.run(Server(config).run)
+        server = Server(config)
+        trio.run(server.run)
     except KeyboardInterrupt:
         return 0
     except BaseException as exc:
         leaves = _leaves(exc)
         if leaves and all(isinstance(e, StorageError | OSError | BoxError) for e in leaves):
             for leaf in leaves:
+                if isinstance(leaf, BoxError) and server.served:  # no task caught it: where from, for the fix
+                    logging.getLogger("boxqueue").error("the server ends on an error no task caught", exc_info=leaf)
                 prefix = "cannot listen: " if isinstance(leaf, OSError) else ""
                 print(f"boxqueue: {prefix}{leaf}", file=sys.stderr)
             return 1

@@ -180,6 +180,7 @@ class Server:
         self.broadcast: Broadcast | None = None
         self.zaqar_queues: ZaqarQueues | None = None
         self.replica: Any = None  # replication.node.ReplicaNode, in a replica set
+        self.served = False  # it was ready once (an error after that is not a start-up refusal)
 
     def stop(self) -> None:
         self._stop.set()
@@ -399,6 +400,7 @@ class Server:
                                     await self._start_listeners(listeners, connections, iproto, console,
                                                                 engine=role != FOLLOWER)
                                     observed.state = READY
+                                    self.served = True
                                     log.info("boxqueue is ready" if role == ALONE else f"boxqueue is ready, as {role}")
                                     task_status.started(self.ports)
                                     await self._until_stopped_or_changed(role)

@@ -208,12 +208,17 @@ class Applier:
     async def _reload_changed(self) -> None:
         """Records changed what ``reloads`` names: read it again (once per batch of them), the
         catalogue first."""
+        if self._changed:  # (a stream that ended while it read them again: read them now)
+            self._change_seen.set()
         while True:
             await self._change_seen.wait()
             self._change_seen = trio.Event()
-            changed, self._changed = self._changed, set()
+            changed = set(self._changed)
             for name in sorted(changed, key=lambda n: n != CATALOG_DB):
                 await self.reloads[name]()
+            # Forgotten only once read again: a stream that ends meanwhile cancels this task, and
+            # the next stream's must not lose them (the catalogue stayed without a new index).
+            self._changed -= changed
 
     async def _send_acks(self, stream: trio.SocketStream, acks: trio.MemoryReceiveChannel[int],
                          stop: trio.CancelScope) -> None:

@@ -114,18 +114,21 @@ class Catalog:
         """Read the spaces again from LMDB, as a follower does after records that changed them (or
         after a fresh copy): the definitions are replaced, the node's own metadata kept. The
         indexes' databases are opened first, each in a write transaction of the committer's."""
-        with self.storage.env.begin() as txn:
-            records = self._space_records(txn)
-        for record in records:
-            for _row, db_name in record["indexes"]:
+        opened: set[str] = set()
+        while True:
+            with self.storage.env.begin() as txn:
+                names = {db_name for record in self._space_records(txn) for _row, db_name in record["indexes"]}
+                if names <= opened:  # every handle open: read them all in this transaction
+                    self.spaces = {}
+                    self.by_name = {}
+                    self.schema_version = _get_int(txn, self._db, _META_SCHEMA_VERSION, SCHEMA_VERSION_START)
+                    self.max_id = _get_int(txn, self._db, _META_MAX_ID, FIRST_USER_SPACE_ID - 1)
+                    self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
+                    self._read_spaces(txn)
+                    return
+            for db_name in sorted(names - opened):  # (records applied meanwhile: look again after)
                 await self.committer.open_db(db_name.encode())
-        self.spaces = {}
-        self.by_name = {}
-        with self.storage.env.begin() as txn:
-            self.schema_version = _get_int(txn, self._db, _META_SCHEMA_VERSION, SCHEMA_VERSION_START)
-            self.max_id = _get_int(txn, self._db, _META_MAX_ID, FIRST_USER_SPACE_ID - 1)
-            self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
-            self._read_spaces(txn)
+            opened |= names
 
     def _space_records(self, txn: lmdb.Transaction) -> list[dict[str, Any]]:
         records = []

@@ -53,7 +53,11 @@ class Monitors(EngineBase):
                 except BoxError as exc:
                     if exc.code == ER.NO_SUCH_SPACE:
                         return  # the space is gone
-                    raise
+                    # A write refused or of unknown outcome (a full disk, a leader giving up):
+                    # look again shortly, as after any failure (an incarnation that ends stops us).
+                    log.warning("monitor of tube %r of space %d: %s", tube.name, tube.space_id, exc)
+                    await trio.sleep(0.1)
+                    continue
                 except Exception:
                     log.exception("monitor of tube %r of space %d failed", tube.name, tube.space_id)
                     await trio.sleep(0.1)

@@ -55,7 +55,7 @@ from boxqueue.spaces import msgpack_scan
 from boxqueue.spaces.later import Later
 from boxqueue.spaces.msgpack_values import Raw, array_header, pack, unpack
 from boxqueue.spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
-from boxqueue.spaces.space import decode_tuple
+from boxqueue.spaces.space import StorageError, decode_tuple
 from boxqueue.tubes.box_queue import BoxQueue
 from boxqueue.tubes.engine import QueueEngine, proc_error
 from boxqueue.tubes.engine_base import TUBE_RECORDS
@@ -346,7 +346,14 @@ class QueueModule:
         self._kept.pop(session.uuid, None)
         if self._sessions.get(session.uuid) is session:
             del self._sessions[session.uuid]
-        await self.engine.release_consumer(session.id)
+        try:
+            await self.engine.release_consumer(session.id)
+        except (BoxError, StorageError) as exc:
+            # No write now (a full disk, a replica set's leader that no longer leads): the takes
+            # stay taken; the sweep tries again (and a new leader releases them as a restart does).
+            log.warning("the takes of a queue session could not be released (%s); trying again in %g s",
+                        exc, SESSION_SWEEP_S)
+            self._keep(session, SESSION_SWEEP_S)
 
     def identify(self, ctx: CallContext, session_uuid: Any = None) -> list[Any]:
         """The caller's session UUID (16 bytes, as a string the way Lua's are); with a UUID,
