@@ -271,9 +271,8 @@ def test_tubes_of_zaqar_and_tarantool_queue_are_streams_too(spark, tmp_path):
         servers.stop()
 
 
-def test_the_example_counts_events_in_windows_into_a_tube(server, spark, tmp_path):
-    from boxqueue.pipeline.examples import event_windows
-
+def test_the_example_counts_events_in_windows_into_a_tube(server, tmp_path):
+    """docs/spark.md's command: the example job through spark-submit (a JVM and a session of its own)."""
     conn = tarantool.Connection("127.0.0.1", server.port)
     events = ["click"] * 30 + ["view"] * 12
     conn.call("boxqueue.put_many", [0, "events", [[0, 0, 0, 0, event] for event in events]])
@@ -283,7 +282,12 @@ def test_the_example_counts_events_in_windows_into_a_tube(server, spark, tmp_pat
     args = ["--uri", uri, "--source", "events", "--target", "event_counts", "--checkpoint",
             str(tmp_path / "windows"), "--window", "2 seconds", "--watermark", "0 seconds", "--max-tasks", "10",
             "--available-now"]
-    assert event_windows.main(args) == 0
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    job = subprocess.run([str(submit), "--master", "local[2]", str(ROOT / "boxqueue/pipeline/examples/event_windows.py"),
+                          *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert job.returncode == 0, job.stderr[-3000:]
     per_event: Counter = Counter()
     for task in conn.select(0, ["event_counts"], index=1).data:
         start, end, event, total = task[12:16]
