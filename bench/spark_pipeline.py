@@ -2,16 +2,21 @@
 """Rows/s of the Spark data source: write, then read back, N rows of a two-field space.
 
 Starts a boxqueue server of its own (a temporary directory, a free loopback port) and a local
-Spark session, then times three jobs end to end, as a user would see them:
+Spark session, then times four jobs end to end, as a user would see them, ``--runs`` times each
+(the first run of a job in a session pays for the JVM's warm-up and the Python workers' start):
 
-* write: ``spark.range(N)`` as (id, payload) into the space, mode append (REPLACE, pipelined);
+* write: ``spark.range(N)`` as (id, payload) into the space, mode append (REPLACE, batch_size rows
+  a request);
 * read: the whole space through the ``noop`` sink (every column materialised, nothing kept);
-* tube: ``--tube-rows`` rows into a tube with ``box.queue.put`` (0 to skip).
+* tube: ``--tube-rows`` rows into a tube (box.queue.put's semantics, batch_size rows a request);
+* stream: ``--stream-tasks`` tasks put into a tube, then ``spark.readStream`` of the tube into the
+  ``noop`` sink with Trigger.AvailableNow: tasks over the query's time, and the batches' own rate
+  from StreamingQueryProgress (0 to skip).
 
-    .venv/bin/python bench/spark_pipeline.py                  # 1,000,000 rows, local[*]
+    .venv/bin/python bench/spark_pipeline.py --master 'local[2]'      # 1,000,000 rows
     .venv/bin/python bench/spark_pipeline.py --rows 200000 --partitions 4 --wal write
 
-Each time includes Spark's job start-up (a second or two); see bench/README.md.
+Each time includes Spark's job start-up; see bench/README.md.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tube-rows", type=int, default=200_000)
+    parser.add_argument("--stream-tasks", type=int, default=500_000)
+    parser.add_argument("--max-tasks", default="100000", help="option maxTasksPerTrigger of the stream")
+    parser.add_argument("--per-partition", default="25000", help="option tasksPerPartition of the stream")
+    parser.add_argument("--runs", type=int, default=2, help="times each job runs in the one session")
     parser.add_argument("--partitions", type=int, default=2, help="Spark partitions for writing and reading")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--wal", default="fsync", choices=("fsync", "write", "none"))
@@ -73,11 +82,36 @@ def parse() -> argparse.Namespace:
 
 def timed(what: str, rows: int, job) -> dict:
     started = time.perf_counter()
-    job()
+    extra = job() or {}
     seconds = time.perf_counter() - started
-    result = {"job": what, "rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
-    print(f"{what:>6}: {rows:>9,} rows in {seconds:7.2f} s = {rows / seconds:>9,.0f} rows/s", flush=True)
+    result = {"job": what, "rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds), **extra}
+    shown = "".join(f", {k} {v}" for k, v in extra.items())
+    print(f"{what:>6}: {rows:>9,} rows in {seconds:7.2f} s = {rows / seconds:>9,.0f} rows/s{shown}", flush=True)
     return result
+
+
+def fill_tube(uri: str, tube: str, count: int) -> None:
+    import tarantool
+
+    host, port = uri.split(":")
+    conn = tarantool.Connection(host, int(port))
+    for first in range(0, count, 10_000):
+        rows = [[0, 0, 0, 0, f"task-{i}"] for i in range(first, min(count, first + 10_000))]
+        conn.call("boxqueue.put_many", [0, tube, rows])
+    conn.close()
+
+
+def stream(spark, uri: str, tube: str, args: argparse.Namespace) -> dict:
+    """The tube read as a stream into noop until empty; the batches' own rate from their progress."""
+    checkpoint = tempfile.mkdtemp(prefix="spark-bench-checkpoint-")
+    query = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", tube)
+             .option("maxTasksPerTrigger", args.max_tasks).option("tasksPerPartition", args.per_partition).load()
+             .writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    rates = [round(p["processedRowsPerSecond"]) for p in batches]
+    return {"batches": len(batches), "batch_rates": rates}
 
 
 def main() -> int:
@@ -100,20 +134,27 @@ def main() -> int:
     uri = f"127.0.0.1:{server.port}"
     results = []
     try:
-        frame = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
-            "id", "concat('payload-', id) as payload")
-        results.append(timed("write", args.rows, lambda: (
-            frame.write.format("boxqueue").option("uri", uri).option("space", "bench")
-            .option("pipeline_depth", args.depth).mode("append").save())))
-        source = (spark.read.format("boxqueue").option("uri", uri).option("space", "bench")
-                  .option("partitions", str(args.partitions)).option("batch_size", args.batch_size))
-        results.append(timed("read", args.rows, lambda: source.load().write.format("noop").mode("overwrite").save()))
-        if args.tube_rows:
-            tasks = spark.range(args.tube_rows, numPartitions=args.partitions).selectExpr(
-                "concat('task-', id) as payload")
-            results.append(timed("tube", args.tube_rows, lambda: (
-                tasks.write.format("boxqueue").option("uri", uri).option("tube", "bench")
-                .option("pipeline_depth", args.depth).mode("append").save())))
+        for run in range(args.runs):
+            frame = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
+                "id", "concat('payload-', id) as payload")
+            results.append(timed("write", args.rows, lambda frame=frame: (
+                frame.write.format("boxqueue").option("uri", uri).option("space", "bench")
+                .option("pipeline_depth", args.depth).option("batch_size", args.batch_size).mode("append").save())))
+            source = (spark.read.format("boxqueue").option("uri", uri).option("space", "bench")
+                      .option("partitions", str(args.partitions)).option("batch_size", args.batch_size))
+            results.append(timed("read", args.rows, lambda source=source: (
+                source.load().write.format("noop").mode("overwrite").save())))
+            if args.tube_rows:
+                tasks = spark.range(args.tube_rows, numPartitions=args.partitions).selectExpr(
+                    "concat('task-', id) as payload")
+                results.append(timed("tube", args.tube_rows, lambda tasks=tasks, run=run: (
+                    tasks.write.format("boxqueue").option("uri", uri).option("tube", f"bench{run}")
+                    .option("pipeline_depth", args.depth).option("batch_size", args.batch_size)
+                    .mode("append").save())))
+            if args.stream_tasks:
+                fill_tube(uri, f"events{run}", args.stream_tasks)
+                results.append(timed("stream", args.stream_tasks, lambda run=run: stream(spark, uri, f"events{run}",
+                                                                                          args)))
     finally:
         spark.stop()
         server.stop()

@@ -43,7 +43,7 @@ from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
 from boxqueue.task_tree import dump_on_signal
 from boxqueue.tls import server_context
-from boxqueue.tubes import box_queue, pools, queue_module, sequences
+from boxqueue.tubes import box_queue, pools, queue_module, sequences, stream_procedures
 from boxqueue.tubes.broadcast import Broadcast
 from boxqueue.tubes.engine import QueueEngine, QueueSpace
 from boxqueue.tubes.kinds import BOX_QUEUE_KIND, TubeKind, deckard_kind, zaqar_kind
@@ -355,6 +355,7 @@ class Server:
             engine = self.engine = QueueEngine(catalog, self._kinds())
             queue_procedures = box_queue.register(procedures, engine, config.iproto.max_waiting_takes_per_connection)
             queue_procedures.standby = role == FOLLOWER
+            stream_procedures.register(procedures, engine, catalog)
             modern_queue = queue_module.register(
                 procedures, engine, queue_procedures, lua.operations.grant, self._task_changed_in_lua(lua, catalog))
             observed.stats, observed.lua, observed.iproto, observed.engine = stats, lua, iproto, engine

@@ -115,6 +115,8 @@ def describe_space(conn: tarantool.Connection, space: str, uri: str) -> SpaceInf
         if "no index" in str(exc):
             raise BoxqueueSourceError(f"space '{space}' at {uri} has no primary index") from None
         raise BoxqueueSourceError(f"space '{space}' does not exist at {uri}") from None
+    except NetworkError:
+        raise  # the caller decides (a stream tries another member)
     except DatabaseError as exc:
         raise describe_database_error(exc, f"reading the schema of space '{space}' at {uri}") from None
     fields = []

@@ -27,6 +27,19 @@ def _int(options: Mapping[str, str], name: str, default: int, minimum: int = 1) 
     return value
 
 
+def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise BoxqueueSourceError(f"option '{name}' must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise BoxqueueSourceError(f"option '{name}' must be more than 0 seconds, got {raw!r}")
+    return value
+
+
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raw = options.get(name)
     if raw is None:
@@ -59,6 +72,10 @@ class SourceOptions:
     # ``read_from``: members to read from instead of ``uri`` (a replica set's followers, so that
     # bulk reads leave the leader alone); writes always go to ``uri``.
     read_from: tuple[tuple[str, int], ...] = ()
+    # Every member ``uri`` names (``host:port,host:port``; host and port are the first): streams
+    # look for the leader among them (boxqueue/pipeline/leader.py), for up to ``failover_timeout`` s.
+    members: tuple[tuple[str, int], ...] = ()
+    failover_timeout: float = 120.0
 
     @property
     def uri(self) -> str:
@@ -92,16 +109,16 @@ def parse_uri(uri: str) -> tuple[str, int]:
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Check and parse the user's options (keys are case-insensitive in Spark already)."""
-    host, port = parse_uri(str(options.get("uri") or DEFAULT_URI))
+    members = tuple(parse_uri(part) for part in str(options.get("uri") or DEFAULT_URI).split(",") if part.strip())
+    if not members:
+        raise BoxqueueSourceError(f"option 'uri' must be host:port, got {options.get('uri')!r}")
+    host, port = members[0]
     space = options.get("space")
     tube = options.get("tube")
     if space and tube:
         raise BoxqueueSourceError("give either option 'space' or option 'tube', not both")
     partitions = options.get("partitions")
-    try:
-        timeout = float(options.get("connect_timeout") or 10.0)
-    except ValueError:
-        raise BoxqueueSourceError("option 'connect_timeout' must be a number of seconds") from None
+    timeout = _seconds(options, "connect_timeout", 10.0)
     return SourceOptions(
         host=host,
         port=port,
@@ -117,4 +134,39 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         rows_per_partition=_int(options, "rows_per_partition", 250_000),
         connect_timeout=timeout,
         read_from=tuple(parse_uri(part) for part in str(options.get("read_from") or "").split(",") if part.strip()),
+        members=members,
+        failover_timeout=_seconds(options, "failover_timeout", 120.0),
+    )
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """The options of a streaming read or write of a tube (Kafka's source names them so)."""
+
+    max_tasks_per_trigger: int  # tasks a micro-batch claims at most (Spark's ReadMaxRows)
+    tasks_per_partition: int  # tasks a claim holds at most: one Spark partition each
+    claim_ttl: float  # seconds a batch's claims hold its tasks (renewed when the batch runs)
+    latest: bool  # startingOffsets=latest: only tasks created after the query's first batch
+    chunk_rows: int  # the sink: rows a marked write carries at most
+    writer_id: str | None  # the sink: whose marks these are (default: Spark's query id)
+
+
+MAX_CHUNK = 100_000  # rows or tasks in one call (the server's limit)
+
+
+def parse_stream_options(options: Mapping[str, str]) -> StreamOptions:
+    starting = str(options.get("startingOffsets") or "earliest").strip().lower()
+    if starting not in ("earliest", "latest"):
+        raise BoxqueueSourceError(f"option 'startingOffsets' must be earliest or latest, got {starting!r}")
+    per_partition = _int(options, "tasksPerPartition", 10_000)
+    chunk = _int(options, "chunkRows", 10_000)
+    if per_partition > MAX_CHUNK or chunk > MAX_CHUNK:
+        raise BoxqueueSourceError(f"options 'tasksPerPartition' and 'chunkRows' must be at most {MAX_CHUNK}")
+    return StreamOptions(
+        max_tasks_per_trigger=_int(options, "maxTasksPerTrigger", 100_000),
+        tasks_per_partition=per_partition,
+        claim_ttl=_seconds(options, "claimTtl", 300.0),
+        latest=starting == "latest",
+        chunk_rows=chunk,
+        writer_id=str(options.get("writerId") or "").strip() or None,
     )

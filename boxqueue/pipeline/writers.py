@@ -1,17 +1,21 @@
-"""Writing a DataFrame: tuples into a space (REPLACE) or tasks into a tube (box.queue.put).
+"""Writing a DataFrame: tuples into a space (REPLACE) or tasks into a tube (as box.queue.put).
 
-Both are idempotent per row, so a Spark task that fails and runs again does not duplicate data:
-REPLACE overwrites the tuple with the same primary key, and ``put_unique`` (option ``unique``)
-returns the ready task with the same first data field instead of adding one. Nothing is
-transactional across rows: a failed job leaves the rows its tasks wrote (``abort`` cannot take
-them back), and running it again completes it.
+Rows go ``batch_size`` to a request, ``boxqueue.replace_many`` or ``boxqueue.put_many`` (each
+request one write on the server), a few requests in flight per Spark task; ``put_unique`` (option
+``unique``) goes a row to a request, up to ``pipeline_depth`` in flight. REPLACE is idempotent per
+row and ``put_unique`` returns the ready task with the same first data field instead of adding
+one, so a Spark task that fails and runs again duplicates nothing with them. Nothing is
+transactional across requests: a failed job leaves the rows its tasks wrote (``abort`` cannot
+take them back), and running it again completes it.
 
-Each task writes over its own connection with up to ``pipeline_depth`` requests in flight.
+:class:`SpaceRows` and :class:`TubeRows` turn Arrow batches into what the server stores; the
+streaming sink (``stream_sink.py``) uses them too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +33,7 @@ from pyspark.sql.types import (
     ShortType,
     StructType,
 )
-from tarantool.request import RequestCall, RequestReplace
+from tarantool.request import RequestCall
 
 from boxqueue.pipeline.connect import SpaceInfo, open_connection
 from boxqueue.pipeline.errors import BoxqueueSourceError
@@ -38,6 +42,7 @@ from boxqueue.pipeline.options import SourceOptions
 from boxqueue.pipeline.pipelined import PipelinedRequests
 
 TASK_OPTIONS = ("delay", "ttl", "ttr", "pri")
+BULK_IN_FLIGHT = 4  # replace_many / put_many requests in flight per Spark task
 _NUMERIC = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType, NullType)
 
 
@@ -60,11 +65,10 @@ def _tail(value: str | None) -> list[Any]:
     return fields
 
 
-class SpaceWriter(DataSourceArrowWriter):
-    """REPLACE every row into a space; columns go to the format fields of the same name."""
+class SpaceRows:
+    """Columns matched to a space's fields by name (``_tail`` appended); batches to tuples."""
 
-    def __init__(self, opts: SourceOptions, space: SpaceInfo, schema: StructType) -> None:
-        self.opts = opts
+    def __init__(self, space: SpaceInfo, schema: StructType) -> None:
         self.space = space
         self.schema = schema
         self.targets: list[int | None] = []  # the field of each column; None: the _tail
@@ -100,7 +104,7 @@ class SpaceWriter(DataSourceArrowWriter):
             names = ", ".join(f"'{f.name}' ({f.type})" for f in missing)
             raise BoxqueueSourceError(f"space '{space.name}' needs a column for field {names}")
 
-    def _tuples(self, batch: pa.RecordBatch) -> Iterator[list[Any]]:
+    def tuples(self, batch: pa.RecordBatch) -> Iterator[list[Any]]:
         columns = [
             column_values(batch.column(i), column.dataType, field_type)
             for i, (column, field_type) in enumerate(zip(self.schema.fields, self.field_types, strict=True))
@@ -119,38 +123,13 @@ class SpaceWriter(DataSourceArrowWriter):
                 stored.extend(tail)
             yield stored
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenRows:
-        conn = open_connection(self.opts, raise_errors=False)
-        name = self.space.name
 
-        def describe(row: Any, message: str, code: int) -> BoxqueueSourceError:
-            return BoxqueueSourceError(f"replace into space '{name}' failed at row {row} of this task: {message} (error {code})")
+class TubeRows:
+    """Columns ``delay``, ``ttl``, ``ttr`` and ``pri`` (seconds, box.queue's priority; 0 or null:
+    the default) are a task's options, every other column a data field in column order; batches
+    to rows ``[delay, ttl, ttr, pri, data...]`` (box.queue.put's arguments after the tube)."""
 
-        pipe = PipelinedRequests(conn, self.opts.pipeline_depth, describe)
-        row = 0
-        try:
-            for batch in iterator:
-                for stored in self._tuples(batch):
-                    pipe.send(RequestReplace(conn, self.space.id, stored), row)
-                    row += 1
-            pipe.finish()
-        finally:
-            conn.close()
-        return WrittenRows(row)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Every row is already durable on the server when its task ends: nothing to do."""
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Rows already replaced stay; running the job again replaces them with the same values."""
-
-
-class TubeWriter(DataSourceArrowWriter):
-    """One ``box.queue.put`` (or ``put_unique``) per row: delay/ttl/ttr/pri columns, the rest data."""
-
-    def __init__(self, opts: SourceOptions, queue_space: SpaceInfo, schema: StructType) -> None:
-        self.opts = opts
-        self.queue_space = queue_space
+    def __init__(self, schema: StructType, unique: bool = False) -> None:
         self.schema = schema
         self.option_columns: dict[str, int] = {}
         self.data_columns: list[int] = []
@@ -165,38 +144,115 @@ class TubeWriter(DataSourceArrowWriter):
                 self.option_columns[name] = position
             else:
                 self.data_columns.append(position)
-        if opts.unique and not self.data_columns:
+        if unique and not self.data_columns:
             raise BoxqueueSourceError("option unique (put_unique) needs at least one data column")
+
+    def rows(self, batch: pa.RecordBatch) -> Iterator[list[Any]]:
+        fields = self.schema.fields
+        options = {name: batch.column(i).to_pylist() for name, i in self.option_columns.items()}
+        data = [column_values(batch.column(i), fields[i].dataType, "any") for i in self.data_columns]
+        for n in range(batch.num_rows):
+            row: list[Any] = []
+            for name in TASK_OPTIONS:
+                value = options[name][n] if name in options else None
+                row.append(0 if value is None else (float(value) if not isinstance(value, int) else value))
+            row.extend(column[n] for column in data)
+            yield row
+
+
+def row_of(message: str, first: int) -> str:
+    """A server's "row N: ..." of a request that began at row ``first``, as the task's row."""
+    match = re.search(r"\brow (\d+): ", message)
+    if match is None:
+        return f"{message} (a request of the rows from {first})"
+    return f"row {first + int(match.group(1))} of this task: {message[match.end():]}"
+
+
+class SpaceWriter(DataSourceArrowWriter):
+    """REPLACE every row into a space; columns go to the format fields of the same name."""
+
+    def __init__(self, opts: SourceOptions, space: SpaceInfo, schema: StructType) -> None:
+        self.opts = opts
+        self.space = space
+        self.schema = schema
+        self.planned = SpaceRows(space, schema)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenRows:
         conn = open_connection(self.opts, raise_errors=False)
-        function = "box.queue.put_unique" if self.opts.unique else "box.queue.put"
-        tube = self.opts.tube
+        name = self.space.name
 
-        def describe(row: Any, message: str, code: int) -> BoxqueueSourceError:
-            return BoxqueueSourceError(f"{function} into tube '{tube}' failed at row {row} of this task: {message} (error {code})")
+        def describe(first: Any, message: str, code: int) -> BoxqueueSourceError:
+            return BoxqueueSourceError(f"replace into space '{name}' failed at {row_of(message, first)} (error {code})")
 
-        pipe = PipelinedRequests(conn, self.opts.pipeline_depth, describe)
-        fields = self.schema.fields
-        row = 0
+        pipe = PipelinedRequests(conn, BULK_IN_FLIGHT, describe)
+        rows = 0
+        chunk: list[list[Any]] = []
         try:
             for batch in iterator:
-                options = {
-                    name: batch.column(i).to_pylist() for name, i in self.option_columns.items()
-                }
-                data = [column_values(batch.column(i), fields[i].dataType, "any") for i in self.data_columns]
-                for n in range(batch.num_rows):
-                    args: list[Any] = [self.queue_space.id, tube]
-                    for name in TASK_OPTIONS:
-                        value = options[name][n] if name in options else None
-                        args.append(0 if value is None else (float(value) if not isinstance(value, int) else value))
-                    args.extend(column[n] for column in data)
-                    pipe.send(RequestCall(conn, function, args, call_16=False), row)
-                    row += 1
+                for stored in self.planned.tuples(batch):
+                    chunk.append(stored)
+                    if len(chunk) >= self.opts.batch_size:
+                        pipe.send(RequestCall(conn, "boxqueue.replace_many", [self.space.id, chunk], call_16=False), rows)
+                        rows += len(chunk)
+                        chunk = []
+            if chunk:
+                pipe.send(RequestCall(conn, "boxqueue.replace_many", [self.space.id, chunk], call_16=False), rows)
+                rows += len(chunk)
             pipe.finish()
         finally:
             conn.close()
-        return WrittenRows(row)
+        return WrittenRows(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every row is already durable on the server when its task ends: nothing to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Rows already replaced stay; running the job again replaces them with the same values."""
+
+
+class TubeWriter(DataSourceArrowWriter):
+    """Rows as tasks (:class:`TubeRows`): ``batch_size`` rows a ``boxqueue.put_many``, or one
+    ``box.queue.put_unique`` a row with option unique."""
+
+    def __init__(self, opts: SourceOptions, queue_space: SpaceInfo, schema: StructType) -> None:
+        self.opts = opts
+        self.queue_space = queue_space
+        self.schema = schema
+        self.planned = TubeRows(schema, opts.unique)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenRows:
+        conn = open_connection(self.opts, raise_errors=False)
+        unique = self.opts.unique
+        function = "box.queue.put_unique" if unique else "boxqueue.put_many"
+        tube = self.opts.tube
+        space_id = self.queue_space.id
+
+        def describe(first: Any, message: str, code: int) -> BoxqueueSourceError:
+            where = f"row {first} of this task: {message}" if unique else row_of(message, first)
+            return BoxqueueSourceError(f"{function} into tube '{tube}' failed at {where} (error {code})")
+
+        pipe = PipelinedRequests(conn, self.opts.pipeline_depth if unique else BULK_IN_FLIGHT, describe)
+        rows = 0
+        chunk: list[list[Any]] = []
+        try:
+            for batch in iterator:
+                for row in self.planned.rows(batch):
+                    if unique:
+                        pipe.send(RequestCall(conn, function, [space_id, tube, *row], call_16=False), rows)
+                        rows += 1
+                        continue
+                    chunk.append(row)
+                    if len(chunk) >= self.opts.batch_size:
+                        pipe.send(RequestCall(conn, function, [space_id, tube, chunk], call_16=False), rows)
+                        rows += len(chunk)
+                        chunk = []
+            if chunk:
+                pipe.send(RequestCall(conn, function, [space_id, tube, chunk], call_16=False), rows)
+                rows += len(chunk)
+            pipe.finish()
+        finally:
+            conn.close()
+        return WrittenRows(rows)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Every task is already durable on the server when its Spark task ends: nothing to do."""

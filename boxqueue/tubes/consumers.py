@@ -4,7 +4,7 @@
   it disconnects: its tasks are ready again at once, D11);
 * nobody, with only a deadline (a Deckard pull, :meth:`Consumers.take_many`);
 * a :class:`tubes.tube.Claim`, an identity that expires and extends its tasks' life by its grace
-  (Zaqar's claims).
+  (Zaqar's claims, and a Spark stream's batches: :mod:`boxqueue.tubes.streams`).
 
 Settling a taken task without an owner check (Deckard's Ack and Nack) is here too."""
 
@@ -35,11 +35,12 @@ from boxqueue.tubes.engine_base import (
 from boxqueue.tubes.kinds import MED_PRI, back_score
 from boxqueue.tubes.task import (
     DELAYED,
+    QUEUE15,
     READY,
     TAKEN,
     Task,
 )
-from boxqueue.tubes.tube import Claim, Tube
+from boxqueue.tubes.tube import Claim, Tube, claim_holder
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,11 @@ class Consumers(EngineBase):
 
     # -- consumers: pulls, settles, claims (Deckard's and Zaqar's) --------------------------
 
-    def free_tasks(self, tube: Tube, limit: int, low: float = -math.inf, high: float = math.inf) -> list[Task]:
+    def free_tasks(self, tube: Tube, limit: int, low: float = -math.inf, high: float = math.inf,
+                   created: tuple[int, int] | None = None) -> list[Task]:
         """Up to ``limit`` ready tasks that have not expired, in take order, with a priority
-        in [low, high] (a Deckard score range: its tubes keep ipri at 127)."""
+        in [low, high] (a Deckard score range: its tubes keep ipri at 127) and, if ``created``
+        is given, created after its first and at or before its second time."""
         now = now_us()
         keys = tube.ready if low == -math.inf and high == math.inf else tube.ready.irange(
             (MED_PRI, low), (MED_PRI, high, math.inf))
@@ -146,6 +149,8 @@ class Consumers(EngineBase):
             task = tube.tasks[key[3]]
             if task.created + task.ttl <= now:
                 tube.monitor_wakeup.set()
+                continue
+            if created is not None and not created[0] < task.created <= created[1]:
                 continue
             chosen.append(task)
             if len(chosen) >= limit:
@@ -228,18 +233,22 @@ class Consumers(EngineBase):
         return self._change(queue_space, tube, task, settled, after=tube.wake_one_consumer).map(lambda _raw: True)
 
     def claim(
-        self, space_id: int, tube_name: str, *, ttl: int, grace: int, limit: int
+        self, space_id: int, tube_name: str, *, ttl: int, grace: int, limit: int, claim_id: str | None = None,
+        created: tuple[int, int] | None = None,
     ) -> Later[tuple[Claim, list[tuple[Task, bytes]]] | None]:
-        """A new claim holding up to ``limit`` free tasks, in take order, until ``ttl`` from now;
-        a task that would die before the claim lives ``grace`` past it. None if nothing is free."""
+        """A new claim holding up to ``limit`` free tasks, in take order (created in the range
+        ``created``, if given), until ``ttl`` from now; a task that would die before the claim
+        lives ``grace`` past it. ``claim_id``: the caller's id for it (one not in use), else a new
+        one. None if nothing is free."""
         queue_space = self.queue_space(space_id)
         tube = self.tubes.get((space_id, tube_name))
-        chosen = [] if tube is None else self.free_tasks(tube, limit)
+        chosen = [] if tube is None else self.free_tasks(tube, limit, created=created)
         if not chosen:
             return Later.done(None)
         assert tube is not None
         now = now_us()
-        claim = Claim(uuid.uuid4().hex, ttl, grace, now + ttl, now)
+        claim_id = uuid.uuid4().hex if claim_id is None else claim_id
+        claim = Claim(claim_id, ttl, grace, now + ttl, now, self.claim_holder(queue_space, claim_id))
         tube.place_claim(claim)
         holding = tr.held_by(claim, now)
         record = self._record_write(CLAIM_RECORDS, claim.record(space_id, tube_name), [])
@@ -247,9 +256,19 @@ class Consumers(EngineBase):
                             undo_extra=lambda: tube.unplace_claim(claim))
         return later.map(lambda raws: (claim, [(t, raw) for t, raw in zip(chosen, raws, strict=True) if raw]))
 
-    def live_claim(self, space_id: int, tube_name: str, claim_id: str) -> Claim | None:
+    def claim_holder(self, queue_space: QueueSpace, claim_id: str) -> str | int:
+        """What the tasks of claim ``claim_id`` keep as their cid in this space."""
+        return claim_holder(claim_id, queue_space.layout is QUEUE15)
+
+    def present_claim(self, space_id: int, tube_name: str, claim_id: str) -> Claim | None:
+        """The claim with this id, live or expired but not yet ended by the tube's monitor."""
         tube = self.tubes.get((space_id, tube_name))
-        claim = None if tube is None else tube.claims.get(claim_id)
+        if tube is None:
+            return None
+        return tube.claims.get(self.claim_holder(self.queue_space(space_id), claim_id))
+
+    def live_claim(self, space_id: int, tube_name: str, claim_id: str) -> Claim | None:
+        claim = self.present_claim(space_id, tube_name, claim_id)
         return claim if claim is not None and claim.expires > now_us() else None
 
     def claimed_tasks(self, space_id: int, tube_name: str, claim: Claim) -> list[Task]:
@@ -288,11 +307,10 @@ class Consumers(EngineBase):
     def release_claim(self, space_id: int, tube_name: str, claim_id: str) -> Later[None]:
         """The claim ends now: its tasks are free (and no longer show it)."""
         queue_space = self.queue_space(space_id)
-        tube = self.tubes.get((space_id, tube_name))
-        claim = None if tube is None else tube.claims.get(claim_id)
+        claim = self.present_claim(space_id, tube_name, claim_id)
         if claim is None:
             return Later.done(None)
-        assert tube is not None
+        tube = self.tubes[(space_id, tube_name)]
         tasks = [tube.tasks[i] for i in sorted(claim.tasks)]
         tube.unplace_claim(claim)
         record = self._record_write(CLAIM_RECORDS, None, [space_id, tube_name, claim_id])

@@ -57,6 +57,7 @@ from boxqueue.tubes.kinds import TubeKind
 from boxqueue.tubes.monitors import Monitors
 from boxqueue.tubes.producers import Producers
 from boxqueue.tubes.recovery import RecoveryProgress
+from boxqueue.tubes.streams import Streams
 from boxqueue.tubes.task import (
     HUMAN,
     STATUS_ORDER,
@@ -76,7 +77,7 @@ RECOVERY_CHUNK = 10_000  # tasks loaded between two yields at start
 ITERATOR_ALL, ITERATOR_GT = 2, 6
 
 
-class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, EngineBase):
+class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Streams, EngineBase):
     """All tubes of all queue spaces of one server."""
 
     recovery: RecoveryProgress
@@ -84,6 +85,8 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.recovery = RecoveryProgress()
+        self._marking: set[tuple[Any, ...]] = set()  # sink marks being written (streams.py)
+        self._records_lock = trio.Lock()
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -137,16 +140,20 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
         await self.catalog.drop_space(queue_space.space)
 
     async def _open_records(self) -> None:
-        """The engine's record spaces, created with the first space it owns."""
-        for name, parts in RECORD_KEYS.items():
-            if name in self._records:
-                continue
-            space = self.catalog.by_name.get(name)
-            if space is None:
-                space, _ = await self.catalog.create_space(name, if_not_exists=True)
-            if space.primary is None:
-                await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
-            self._records[name] = space
+        """The engine's record spaces, created with the first space it owns (or a stream's first
+        call); callers that come at once wait for the one creating them."""
+        if len(self._records) == len(RECORD_KEYS):
+            return
+        async with self._records_lock:
+            for name, parts in RECORD_KEYS.items():
+                if name in self._records:
+                    continue
+                space = self.catalog.by_name.get(name)
+                if space is None:
+                    space, _ = await self.catalog.create_space(name, if_not_exists=True)
+                if space.primary is None:
+                    await self.catalog.create_index(space, "primary", index_type="TREE", unique=True, parts=parts)
+                self._records[name] = space
 
     async def open_owned(self) -> None:
         """Take back the spaces recorded as the engine's (those of a previous run)."""
@@ -188,6 +195,8 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
         for queue_space in spaces:
             if queue_space.owned:
                 await self._recover_records(queue_space)
+            elif CLAIM_RECORDS in self._records:  # a Spark stream's claims on a 1.5 space
+                self._recover_claims(queue_space)
         self._recovered = True
         await self._return_left_taken(spaces)
         self._after_recovery(spaces)
@@ -236,12 +245,15 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Engine
             tube.set_limit(int(tube.options.get("limit", 0)))
             if "kind" in tube.options:
                 tube.kind = self.kind_named(tube.options["kind"])
-        for raw in self._records[CLAIM_RECORDS].pairs(0, 1, [sid]):
+        self._recover_claims(queue_space)
+
+    def _recover_claims(self, queue_space: QueueSpace) -> None:
+        for raw in self._records[CLAIM_RECORDS].pairs(0, 1, [queue_space.id]):
             _sid, name, cid, ttl, grace, expires, updated = decode_tuple(raw)[:7]
             tube = self._tube(queue_space, name)
-            claim = Claim(cid, ttl, grace, expires, updated)
+            claim = Claim(cid, ttl, grace, expires, updated, self.claim_holder(queue_space, cid))
             tube.place_claim(claim)
-            claim.tasks.update(t.id for t in tube.tasks.values() if t.status == TAKEN and t.cid == cid)
+            claim.tasks.update(t.id for t in tube.tasks.values() if t.status == TAKEN and t.cid == claim.holder)
 
     async def _return_left_taken(self, spaces: list[QueueSpace]) -> None:
         pending = []

@@ -39,7 +39,7 @@ from boxqueue.tubes.task import (
     Task,
     encode_task,
 )
-from boxqueue.tubes.tube import TALLIES, Remains, Tube, tally_of
+from boxqueue.tubes.tube import CLAIM_HOLDERS, TALLIES, Remains, Tube, tally_of
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,17 @@ _UNIQUE_LAYOUT = (1, 2, 12)
 ENGINE_OWNER = Owner("the tube engine")
 BOX_QUEUE_OWNER = Owner("box.queue", schema_open=True)
 
-# The engine's own records: which spaces it owns, tubes that exist on their own, live claims.
+# The engine's own records: which spaces it owns, tubes that exist on their own, live claims, and
+# the chunks a Spark stream's sink has written (boxqueue/tubes/streams.py).
 OWNED_SPACES = "tube_spaces"
 TUBE_RECORDS = "tube_records"
 CLAIM_RECORDS = "tube_claims"
+SINK_MARKS = "stream_marks"
 RECORD_KEYS = {
     OWNED_SPACES: [[0, "string"]],
     TUBE_RECORDS: [[0, "unsigned"], [1, "string"]],
     CLAIM_RECORDS: [[0, "unsigned"], [1, "string"], [2, "string"]],
+    SINK_MARKS: [[0, "string"], [1, "unsigned"], [2, "unsigned"], [3, "unsigned"], [4, "unsigned"]],
 }
 
 # The version (4) and variant (10) bits of a random UUID.
@@ -620,7 +623,7 @@ def default_kind(name: str) -> TubeKind:
 
 
 def is_session(cid: Any) -> bool:
-    return type(cid) is int and cid > 0
+    return type(cid) is int and 0 < cid < CLAIM_HOLDERS
 
 
 @cython.locals(task=Task)

@@ -95,7 +95,7 @@ class Monitors(EngineBase):
             else:
                 log.error("Internal error: unexpected task status %r of task %s", task.status, task.id)
                 changes.append((task, tr.retry_later(now), None))
-        ended = [tube.claims[cid] for _t, cid in tube.claim_times.irange(maximum=(now, "\U0010ffff"))]
+        ended = [tube.claims[holder] for _t, holder in tube.claim_times.irange(maximum=(now + 1,))]
         records = []
         for claim in ended:
             tube.unplace_claim(claim)
@@ -114,8 +114,8 @@ class Monitors(EngineBase):
 
     def _ready_again(self, tube: Tube, task: Task) -> Mutate:
         """A delay or lock ending (with the priority the lock gave), or a deadline passing (a
-        Deckard tube's task then goes to the front, K7; a session's cid is cleared, a claim's id
-        stays for Zaqar to show)."""
+        Deckard tube's task then goes to the front, K7; a session's cid is cleared, and so is a
+        claim's number in a 1.5 space; a claim's id stays for Zaqar to show)."""
         timeout_pri = tube.kind.timeout_pri if task.status == TAKEN else None
 
         def ready(t: Task) -> None:

@@ -42,7 +42,7 @@ def held_by(claim: Claim, now: int) -> Mutate:
                 t.attrs["lifetime"] = claim.ttl + claim.grace
         if t.status != TAKEN:
             t.ctaken += 1
-        t.status, t.cid, t.ttr = TAKEN, claim.id, claim.ttl
+        t.status, t.cid, t.ttr = TAKEN, claim.holder, claim.ttl
         t.event = min(claim.expires, t.created + t.ttl)
 
     return holding

@@ -7,6 +7,7 @@ leaves them (:meth:`Tube.leave`) before the engine changes a field they are orde
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from typing import Any
@@ -45,20 +46,40 @@ def tally_of(old: str | None, new: str | None, expired: bool = False) -> int:
     return -1
 
 
+# Where a space keeps numbers as a task's cid (box.queue's 1.5 layout declares it unsigned), the
+# tasks a claim holds carry a number at or above this one: above every session's id.
+CLAIM_HOLDERS = 1 << 63
+
+
+def claim_holder(claim_id: str, numbered: bool) -> str | int:
+    """What a task held by claim ``claim_id`` keeps as its cid: the claim's id, or in a space whose
+    cid is a number, a number made from the id (the same one again after a restart)."""
+    if not numbered:
+        return claim_id
+    digest = hashlib.blake2b(claim_id.encode(), digest_size=8).digest()
+    return CLAIM_HOLDERS | (int.from_bytes(digest, "big") & (CLAIM_HOLDERS - 1))
+
+
+def is_claim_holder(cid: Any) -> bool:
+    return type(cid) is str or (type(cid) is int and cid >= CLAIM_HOLDERS)
+
+
 class Claim:
-    """A consumer identity that expires (a Zaqar claim): the tasks it holds are taken with its
-    id as their cid, until it is released or expires; claiming extends their life by ``grace``.
-    Times in microseconds."""
+    """A consumer identity that expires (a Zaqar claim, a Spark stream's batch): the tasks it
+    holds are taken with its ``holder`` (:func:`claim_holder`) as their cid, until it is released
+    or expires; claiming extends their life by ``grace``. Times in microseconds."""
 
-    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks")
+    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks", "holder")
 
-    def __init__(self, id: str, ttl: int, grace: int, expires: int, updated: int) -> None:
+    def __init__(self, id: str, ttl: int, grace: int, expires: int, updated: int,
+                 holder: str | int | None = None) -> None:
         self.id = id
         self.ttl = ttl
         self.grace = grace
         self.expires = expires
         self.updated = updated
         self.tasks: set[str] = set()  # ids of the tasks it holds now
+        self.holder = id if holder is None else holder
 
     def record(self, space_id: int, tube: str) -> list[Any]:
         return [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
@@ -95,8 +116,8 @@ class Tube:
         self.counts: dict[str, int] = dict.fromkeys(STATUS_ORDER, 0)
         self.stats: dict[str, int] = {}  # box.queue's counters, in the order they first moved
         self.waiters: deque[trio.Event] = deque()
-        self.claims: dict[str, Claim] = {}
-        self.claim_times: Ordering = Ordering()  # (expires, claim id)
+        self.claims: dict[str | int, Claim] = {}  # by holder
+        self.claim_times: Ordering = Ordering()  # (expires, holder)
         self.options: dict[str, Any] | None = None  # the stored record of a tube that has one
         self.limit = 0  # most tasks the tube keeps (Deckard's max_elements); 0: no limit
         self.by_expiry: Ordering | None = None  # (expires, created, id), kept while limited
@@ -122,7 +143,7 @@ class Tube:
             self.ready.add((task.ipri, task.pri, task.created, task.id))
         elif status == BURIED:
             self.buried.add((task.ipri, task.pri, task.created, task.id))
-        elif status == TAKEN and type(task.cid) is str:
+        elif status == TAKEN and is_claim_holder(task.cid):
             claim = self.claims.get(task.cid)
             if claim is not None:
                 claim.tasks.add(task.id)
@@ -141,7 +162,7 @@ class Tube:
             self.ready.remove((task.ipri, task.pri, task.created, task.id))
         elif status == BURIED:
             self.buried.remove((task.ipri, task.pri, task.created, task.id))
-        elif status == TAKEN and type(task.cid) is str:
+        elif status == TAKEN and is_claim_holder(task.cid):
             claim = self.claims.get(task.cid)
             if claim is not None:
                 claim.tasks.discard(task.id)
@@ -202,13 +223,13 @@ class Tube:
             self.by_expiry = None
 
     def place_claim(self, claim: Claim) -> None:
-        self.claims[claim.id] = claim
-        self.claim_times.add((claim.expires, claim.id))
+        self.claims[claim.holder] = claim
+        self.claim_times.add((claim.expires, claim.holder))
 
     def unplace_claim(self, claim: Claim) -> None:
-        if self.claims.get(claim.id) is claim:
-            del self.claims[claim.id]
-            self.claim_times.remove((claim.expires, claim.id))
+        if self.claims.get(claim.holder) is claim:
+            del self.claims[claim.holder]
+            self.claim_times.remove((claim.expires, claim.holder))
 
     def unused(self) -> bool:
         """Nothing here that memory must keep: the tube can be forgotten (a record that only

@@ -54,8 +54,8 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def docs_spark():
     """The Spark tests' local session, for the examples marked ``spark``. It is left running:
-    test_spark_pipeline.py's ``spark_session()`` gets the same one (``getOrCreate``) and stops it,
-    so the suite starts Spark once; otherwise it ends with the process."""
+    test_spark_pipeline.py's and test_spark_streaming.py's ``spark_session()`` get the same one
+    (``getOrCreate``), so the suite starts Spark once; it ends with the process."""
     pytest.importorskip("pyspark")
     from tests.integration.spark_fixtures import java_missing, spark_session
 

@@ -32,10 +32,11 @@ def pipeline_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spark():
+    """The suite's one local session (test_doc_examples.py and test_spark_streaming.py share it);
+    it ends with the process."""
     session = spark_session()
     register(session)
-    yield session
-    session.stop()
+    return session
 
 
 @pytest.fixture
