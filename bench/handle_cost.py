@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue")
+REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "queue_stats", "server_call")
 
 
 def workload(count: int, what: str) -> None:
@@ -55,8 +55,8 @@ def workload(count: int, what: str) -> None:
         "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
         "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
-    if what == "queue":
-        queue_workload(count)
+    if what in ("queue", "queue_stats", "server_call"):
+        queue_workload(count, what)
         return
     header, body = bodies[what]
     payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
@@ -116,10 +116,12 @@ def workload(count: int, what: str) -> None:
 QUEUE_ROUND = 100
 
 
-def queue_workload(count: int) -> None:
+def queue_workload(count: int, what: str = "queue") -> None:
     """``count`` tasks through box.queue put, take and ack, QUEUE_ROUND tasks per round (each
     round's requests in flight together, as a loaded server sees them); handled as the iproto
-    connection handles them: bytes at once, a later reply, or a coroutine run as a task."""
+    connection handles them: bytes at once, a later reply, or a coroutine run as a task.
+    ``queue_stats``: ``count`` CALLs of box.queue.statistics on the same server with no tasks;
+    ``server_call``: ``count`` CALLs of box.session.id there, the plain call to compare it with."""
     sys.path.insert(0, str(ROOT))
     import functools
 
@@ -176,6 +178,12 @@ def queue_workload(count: int) -> None:
                 return _packets(outbox.take())
 
             data = "x" * 64
+            if what != "queue":
+                name = "box.queue.statistics" if what == "queue_stats" else "box.session.id"
+                for first in range(0, count, QUEUE_ROUND):
+                    await round_of([frame(i, name, []) for i in range(min(QUEUE_ROUND, count - first))])
+                server.stop()
+                return
             for first in range(0, count, QUEUE_ROUND):
                 n = min(QUEUE_ROUND, count - first)
                 await round_of([frame(i, "box.queue.put", [0, "bench", 0, 0, 0, 0, data]) for i in range(n)])

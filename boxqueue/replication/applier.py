@@ -15,6 +15,7 @@ ends the stream.
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import logging
 import time
@@ -164,6 +165,7 @@ class Applier:
             # What we hold durably, at once: the leader counts no more than an acknowledgement
             # says (our SUBSCRIBE's position may name records not flushed yet).
             acks.send_nowait(self.storage.synced_lsn)
+            applied = _Applied(self, acks)
             nursery.start_soon(self._reload_changed)
             while True:
                 row = await _next_row(stream, decoder, 4 * self.heartbeat_s)
@@ -182,27 +184,19 @@ class Applier:
                     if isinstance(stamp, float | int):
                         self.upstream.lag = max(time.time() - stamp, 0.0)
                     self.upstream.leader_lsn = max(self.upstream.leader_lsn, row.lsn)
-                    self._submit(row.lsn, term, row.body.get(rows.DATA, b""), acks)
+                    self._submit(row.lsn, term, row.body.get(rows.DATA, b""), applied)
                 elif row.type == rows.OK:  # a heartbeat: say what we hold durably
                     self.upstream.lag = 0.0 if self.storage.lsn >= self.upstream.leader_lsn else self.upstream.lag
                     acks.send_nowait(self.storage.synced_lsn)
 
-    def _submit(self, lsn: int, term: int, payload: bytes, acks: trio.MemorySendChannel[int]) -> None:
-        changed = {op[1] for op in decode(payload)} & self.reloads.keys()
-
-        def done(_result: object, error: BaseException | None) -> None:
-            if error is not None:
-                log.error("replicated record %d could not be applied: %s", lsn, error)
-                self.queued = self.storage.lsn
-                acks.close()  # the stream ends; the next one starts from what is durable
-                return
-            if changed:
-                self._changed |= changed
-                self._change_seen.set()
-            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
-                acks.send_nowait(lsn)
-
-        self.committer.submit_replicated(lsn, term, payload, done)
+    def _submit(self, lsn: int, term: int, payload: bytes, applied: _Applied) -> None:
+        ops = decode(payload)
+        reloads = self.reloads
+        for op in ops:
+            if op[1] in reloads:
+                applied.changes.append((lsn, {op[1] for op in ops} & reloads.keys()))
+                break
+        self.committer.submit_replicated(lsn, term, payload, applied, ops)
         self.queued = lsn
 
     async def _reload_changed(self) -> None:
@@ -263,6 +257,40 @@ class Applier:
                 if name != CATALOG_DB:
                     await reload()
             log.info("copy of %d bytes taken, as of LSN %d", received, row.lsn)
+
+
+class _Applied:
+    """The committer's callback for every record of one stream, once durable (or failed): it
+    acknowledges what is durable, once per group rather than once per record, and hands the
+    records that changed what ``Applier.reloads`` names to the reloading task. One object a
+    stream: a closure a record cost the follower as much as decoding the record."""
+
+    __slots__ = ("applier", "acks", "changes", "sent")
+
+    def __init__(self, applier: Applier, acks: trio.MemorySendChannel[int]) -> None:
+        self.applier = applier
+        self.acks = acks
+        self.changes: collections.deque[tuple[int, set[bytes]]] = collections.deque()  # (lsn, names), in order
+        self.sent = 0
+
+    def __call__(self, _result: object, error: BaseException | None) -> None:
+        applier = self.applier
+        storage = applier.storage
+        if error is not None:
+            log.error("a replicated record after %d could not be applied: %s", storage.synced_lsn, error)
+            applier.queued = storage.lsn
+            self.acks.close()  # the stream ends; the next one starts from what is durable
+            return
+        durable = storage.synced_lsn
+        changes = self.changes
+        if changes and changes[0][0] <= durable:
+            while changes and changes[0][0] <= durable:
+                applier._changed |= changes.popleft()[1]
+            applier._change_seen.set()
+        if durable > self.sent:
+            self.sent = durable
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                self.acks.send_nowait(durable)
 
 
 class _Rejoin(Exception):

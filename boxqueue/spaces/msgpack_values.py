@@ -252,6 +252,8 @@ def pack_array(values: list[Any] | tuple[Any, ...]) -> bytes:
     """Encode a list whose items may be (or contain) :class:`Raw` pieces."""
     for v in values:
         if type(v) not in _PLAIN:
+            if type(v) is list and not v:  # (an empty answer: box.queue.statistics with nothing to list)
+                continue
             if len(values) == 1 and type(v) is Raw:  # a call's one stored tuple (box.queue's answers)
                 return _FIXARRAY_HEADERS[1] + v
             return _array_header(len(values)) + b"".join([_pack_item(v) for v in values])

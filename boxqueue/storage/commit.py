@@ -132,10 +132,13 @@ class GroupCommitter:
     def refusing(self) -> bool:
         return self.submit is not self._queue.submit
 
-    def submit_replicated(self, lsn: int, term: int, payload: bytes, done: Done) -> None:
+    def submit_replicated(self, lsn: int, term: int, payload: bytes, done: Done,
+                          ops: list[redo.Op] | None = None) -> None:
         """Queue a record received from the leader: applied and logged alone, as record ``lsn`` of
-        ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable."""
-        ops = redo.decode(payload)
+        ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable.
+        ``ops``: the payload's operations, if the caller decoded them already."""
+        if ops is None:
+            ops = redo.decode(payload)
         storage = self._storage
 
         def apply(txn: RedoTxn) -> None:
