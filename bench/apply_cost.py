@@ -57,8 +57,8 @@ def leader(count: int, group: int, records_path: str | None) -> None:
     """``count`` replaces, ``group`` at a time; the records made are pickled to ``records_path``."""
     import trio
 
-    from boxqueue.spaces.space import REPLACE, decode_tuple
     from boxqueue.spaces.msgpack_values import pack
+    from boxqueue.spaces.space import REPLACE, decode_tuple
 
     workdir = tempfile.mkdtemp(prefix="apply_cost_leader")
     records: list[tuple[int, int, bytes]] = []
