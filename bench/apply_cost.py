@@ -87,14 +87,16 @@ def leader(count: int, group: int, records_path: str | None) -> None:
                 await state["done"].wait()
             nursery.cancel_scope.cancel()
         storage.close()
-        if records_path is not None:
-            with open(records_path, "wb") as f:
-                pickle.dump((first, records), f)
+        found["first"] = first
 
+    found: dict[str, Any] = {}
     try:
         trio.run(main)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if records_path is not None:
+        with open(records_path, "wb") as f:
+            pickle.dump((found["first"], records), f)
 
 
 def follower(count: int, records_path: str) -> None:
