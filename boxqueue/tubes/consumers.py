@@ -32,7 +32,7 @@ from boxqueue.tubes.engine_base import (
     now_us,
     proc_error,
 )
-from boxqueue.tubes.kinds import MED_PRI, back_score
+from boxqueue.tubes.kinds import MED_PRI, QUEUE_MODULE, back_score
 from boxqueue.tubes.task import (
     DELAYED,
     QUEUE15,
@@ -117,7 +117,8 @@ class Consumers(EngineBase):
 
     async def release_consumer(self, consumer: int) -> None:
         """The consumer is gone (its connection closed): its taken tasks are ready at once (D11),
-        counted as ``ready_by_disconnect`` in the same step."""
+        counted as ``ready_by_disconnect`` in the same step (as ``release`` in tarantool/queue's
+        tubes: its ``calls.release`` counts the tasks a session's end releases)."""
         held = list(self._held.get(consumer, {}).items())
         pending = []
         for task, tube in held:
@@ -126,7 +127,8 @@ class Consumers(EngineBase):
                     queue_space = self.queue_space(tube.space_id)
                 except BoxError:
                     continue  # its space is gone
-                pending.append(self._change(queue_space, tube, task, tr.made_ready, counter="ready_by_disconnect",
+                counter = "release" if tube.kind.name == QUEUE_MODULE else "ready_by_disconnect"
+                pending.append(self._change(queue_space, tube, task, tr.made_ready, counter=counter,
                                             after=tube.wake_one_consumer))
         for later in pending:
             try:
