@@ -43,6 +43,7 @@ from boxqueue.replication import safeguards
 from boxqueue.storage.commit import GroupCommitter
 
 log = logging.getLogger(__name__)
+SECOND_LOOK_S = 0.05  # how long a stall must last once seen before the leader gives up
 
 
 
@@ -181,10 +182,19 @@ class Quorum:
         briefly in doubt goes out once the lease is renewed, even with no follower to say so."""
         task_status.started()
         tick = 0.1
+        looked_again = False
         while True:
             now = trio.current_time()
             self.check()
             why = self.stalled(now)
+            if why is not None and not looked_again:
+                # A second look once the other tasks have run: after the event loop was held up
+                # (a long collection, a busy machine), acknowledgements may wait unread in the
+                # relays' sockets, and this task may be the first to run.
+                looked_again = True
+                await trio.sleep(SECOND_LOOK_S)
+                continue
+            looked_again = False
             if why is not None:
                 log.warning("the leader gives up: %s; %d groups wait, their outcome unknown", why,
                             self.committer.awaiting)
