@@ -188,7 +188,7 @@ class Election:
                     started = True
                 failures = 0
                 if kv is None:
-                    await self._campaign(self._absent_since or revision)
+                    await self._campaign(self._absent_since or revision, revision)
                 elif holder.get("name") == self.name:
                     await self._clear_stale(kv)  # an earlier leadership of ours, now over
                 else:
@@ -198,10 +198,11 @@ class Election:
                 log.warning("%s: election: etcd failed (%s); retrying", self.name, exc)
                 await trio.sleep(_backoff(failures))
 
-    async def _campaign(self, absent_at: int) -> None:
-        """The leader key was absent at revision ``absent_at``: take it if we are the most advanced
-        of a majority that published since (see the module docstring); else wait for a leader,
-        for the best one to go, or for more positions, and return for the caller to look again."""
+    async def _campaign(self, absent_at: int, looked_at: int) -> None:
+        """The leader key was absent at revision ``absent_at`` (and still at ``looked_at``, when
+        the caller read it): take it if we are the most advanced of a majority that published
+        since (see the module docstring); else wait for a leader, for the best one to go, or for
+        more positions, and return for the caller to look again."""
         remaining = self._abstain_until - trio.current_time()
         if remaining > 0:  # sitting out after resign(): look again soon
             await trio.sleep(min(max(remaining, 0.1), self._ttl / 3))
@@ -241,8 +242,10 @@ class Election:
         wait = 2 * self._ttl if best is not None else self._ttl / 3
         with trio.move_on_after(wait):
             async with trio.open_nursery() as nursery:
-                # a leader key put (even one deleted again before we look) ends this absence
-                nursery.start_soon(self._wake_on, self._leader_key, "PUT", revision, nursery, False,
+                # a leader key put (even one deleted again before we look) ends this absence:
+                # watched from where the key was read absent, not from the members' later read
+                # (a member that won in between was missed, and followed only 2 x TTL later)
+                nursery.start_soon(self._wake_on, self._leader_key, "PUT", looked_at, nursery, False,
                                    self._leader_seen)
                 if best is not None:  # the best one's member key going means it died: no wait
                     nursery.start_soon(self._wake_on, self._member_key(best.name), "DELETE", revision, nursery)

@@ -376,3 +376,24 @@ async def test_a_leader_keeps_its_lease_through_a_keepalive_that_fails_once(etcd
         nursery.cancel_scope.cancel()
     for client in clients:
         await client.aclose()
+
+
+async def test_a_leader_that_won_just_after_a_member_looked_is_followed_at_once(etcd, prefix):
+    """b reads no leader key; a takes it before b reads the members' positions. b's wait for a
+    leader must see a's key at once: it watched from the members' later read, missed a's key and
+    followed a only when its wait ran out (TTL/3, or 2 x TTL), while a's writes, with no follower,
+    failed (the CI run of tests/integration/test_spark_streaming.py that caught it)."""
+    ttl = 30
+    client, other = EtcdClient([etcd.endpoint], TIMEOUT), EtcdClient([etcd.endpoint], TIMEOUT)
+    try:
+        b = Election(client, prefix, "b", "b.example:3301", ["a", "b", "c"], ttl, lambda: (0, 0))
+        kv, looked_at = await client.read(b._leader_key)
+        assert kv is None
+        lease = await other.grant(ttl)
+        won, _term = await other.create_if_absent(b._leader_key, b'{"name": "a", "uri": "a.example:3301"}', lease)
+        assert won
+        with trio.fail_after(ttl / 3 - 5):  # its wait without a majority's positions: ttl / 3
+            await b._campaign(looked_at, looked_at)
+    finally:
+        await client.aclose()
+        await other.aclose()
