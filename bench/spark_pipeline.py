@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -101,9 +102,13 @@ def fill_tube(uri: str, tube: str, count: int) -> None:
     conn.close()
 
 
+checkpoints: list[str] = []  # the streams' checkpoint folders, removed at the end
+
+
 def stream(spark, uri: str, tube: str, args: argparse.Namespace) -> dict:
     """The tube read as a stream into noop until empty; the batches' own rate from their progress."""
     checkpoint = tempfile.mkdtemp(prefix="spark-bench-checkpoint-")
+    checkpoints.append(checkpoint)
     query = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", tube)
              .option("maxTasksPerTrigger", args.max_tasks).option("tasksPerPartition", args.per_partition).load()
              .writeStream.format("noop").option("checkpointLocation", checkpoint)
@@ -122,7 +127,8 @@ def main() -> int:
 
     from boxqueue.pipeline.spark import register
 
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="spark-bench-")), extra_config=SPACES,
+    workdir = Path(tempfile.mkdtemp(prefix="spark-bench-"))  # (about 900 MB after a default run)
+    server = ServerProcess(workdir, extra_config=SPACES,
                            wal_mode=args.wal, read_only=False)
     server.start()
     spark = (
@@ -158,6 +164,9 @@ def main() -> int:
     finally:
         spark.stop()
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        for checkpoint in checkpoints:
+            shutil.rmtree(checkpoint, ignore_errors=True)
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "system": platform.platform()},
         "options": vars(args),

@@ -14,6 +14,7 @@ The source's own rate is bounded by 1 / (1/claim + 1/read + 1/ack), a tube write
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -59,7 +60,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=10_000, help="tasks a call (a claim, a put_many)")
     parser.add_argument("--wal", default="fsync", choices=("fsync", "write", "none"))
     args = parser.parse_args()
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="stream-phases-")), extra_config=QUEUE_SPACE_0,
+    workdir = Path(tempfile.mkdtemp(prefix="stream-phases-"))
+    server = ServerProcess(workdir, extra_config=QUEUE_SPACE_0,
                            wal_mode=args.wal, read_only=False)
     server.start()
     try:
@@ -72,6 +74,7 @@ def main() -> int:
         conn.close()
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
