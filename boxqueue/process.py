@@ -369,6 +369,7 @@ class Server:
             # last the committer, which commits whatever is still queued.
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
+                await catalog.empty_memory_index_databases()
                 await root.start(stats.run)
                 await root.start(lua.run)
                 root.start_soon(modern_queue.run)

@@ -9,6 +9,7 @@ bumped so connectors reload their caches.
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
 import uuid
@@ -36,6 +37,8 @@ from boxqueue.spaces.write_gate import WriteGate
 from boxqueue.storage import keys
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
+
+log = logging.getLogger(__name__)
 
 CATALOG_DB = b"_catalog"
 FIRST_USER_SPACE_ID = 512
@@ -121,6 +124,7 @@ class Catalog:
                 if names <= opened:  # every handle open: read them all in this transaction
                     self.spaces = {}
                     self.by_name = {}
+                    self.storage.watched.clear()  # the new spaces watch their own databases
                     self.schema_version = _get_int(txn, self._db, _META_SCHEMA_VERSION, SCHEMA_VERSION_START)
                     self.max_id = _get_int(txn, self._db, _META_MAX_ID, FIRST_USER_SPACE_ID - 1)
                     self._db_seq = _get_int(txn, self._db, _META_DB_SEQ, 0)
@@ -153,9 +157,36 @@ class Catalog:
         self.ownership.mark(space)
 
     def _unregister(self, space: Space) -> None:
+        space.keep_indexes_in_memory(False)
         self.spaces.pop(space.id, None)
         if self.by_name.get(space.name) is space:
             del self.by_name[space.name]
+
+    async def empty_memory_index_databases(self) -> int:
+        """Empty the LMDB databases of the indexes kept in memory (spaces/index_views.py): a data
+        directory written before they were (or an index a DDL made since the last start) still
+        holds their entries, which nothing reads or updates any more. This node's own change,
+        not logged: every member does it at its start. Returns the entries dropped."""
+        reader = self.storage.reader()
+        stale = [
+            (space, index, reader.stat(index.db)["entries"])
+            for space in self.spaces.values()
+            for index in space.indexes.values()
+            if index.in_memory and index.db is not None
+        ]
+        stale = [(space, index, entries) for space, index, entries in stale if entries]
+        if not stale:
+            return 0
+
+        def empty(txn: lmdb.Transaction) -> None:
+            for _space, index, _entries in stale:
+                txn.drop(index.db, delete=False)
+
+        await self.committer.write_local(empty)
+        for space, index, entries in stale:
+            log.info("space '%s': index '%s' is now kept in memory; its LMDB database's %d entries dropped",
+                     space.name, index.name, entries)
+        return sum(entries for _space, _index, entries in stale)
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -366,7 +397,9 @@ class Catalog:
             if build is not None:
                 db = storage.db(build.db_name.encode(), txn=txn)
                 if build.iid != 0:
-                    _build_index(txn, space, build, db)
+                    # An index the space keeps in memory is checked here, and built at its first
+                    # read (spaces/index_views.py).
+                    _build_index(txn, space, build, db, store=not (space.memory_indexes and not build.unique))
             if extra is not None:
                 extra(txn)
             txn.put(_space_key(sdef.id), record, db=self._db)
@@ -384,8 +417,9 @@ class Catalog:
         self.schema_version = version
 
 
-def _build_index(txn: lmdb.Transaction, space: Space, idef: IndexDef, db: Any) -> None:
-    """Fill a new secondary index from the primary one, rejecting duplicates and bad types."""
+def _build_index(txn: lmdb.Transaction, space: Space, idef: IndexDef, db: Any, store: bool = True) -> None:
+    """Fill a new secondary index from the primary one, rejecting duplicates and bad types
+    (``store`` false: only check the types, for an index kept in memory)."""
     index = Index(idef, space)
     index.db = db
     primary = space.primary
@@ -402,6 +436,8 @@ def _build_index(txn: lmdb.Transaction, space: Space, idef: IndexDef, db: Any) -
                     if value is None:
                         raise BoxError(ER.FIELD_MISSING, part.field + 1)
                     raise BoxError(ER.FIELD_TYPE, part.field + 1, part.type)
+            if not store:
+                continue
             pk = keys.encode(primary.key_of(fields))
             full, unique_form = index.entry_key(fields, pk)
             stored = keys.stored_form(full)

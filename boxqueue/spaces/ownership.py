@@ -32,6 +32,9 @@ class Owner:
 
     name: str
     schema_open: bool = False
+    # Its non-unique secondary indexes in memory, not in LMDB (spaces/index_views.py): the tube
+    # engine's spaces, whose tasks it holds in memory anyway.
+    indexes_in_memory: bool = False
 
 
 OwnerRule = Callable[[Space], Owner | None]
@@ -55,6 +58,7 @@ class Ownership:
             if owner is not None:
                 break
         space.owned_by = owner
+        space.keep_indexes_in_memory(owner is not None and owner.indexes_in_memory)
 
 
 def write_refused(space: Space, user_name: str) -> BoxError:

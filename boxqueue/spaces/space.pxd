@@ -16,6 +16,7 @@ cdef class Index:
     cdef tuple _accepts
     cdef public object fast_key
     cdef public object db
+    cdef public bint in_memory
 
     cpdef list key_of(self, object fields)
     cpdef tuple entry_key(self, object fields, object pk_encoded)
@@ -44,6 +45,8 @@ cdef class Space:
     cdef public Index primary
     cdef public list secondaries
     cdef public object owned_by
+    cdef public bint memory_indexes
+    cdef public object views
     cdef list _checks
 
     cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)

@@ -26,6 +26,7 @@ from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces import fieldtypes, msgpack_scan
 from boxqueue.spaces import iterators as it
 from boxqueue.spaces.definitions import IndexDef, SpaceDef
+from boxqueue.spaces.index_views import IndexViews
 from boxqueue.spaces.msgpack_values import array_header, pack, unpack
 from boxqueue.spaces.update import UpdateOp, apply_ops
 from boxqueue.storage import keys
@@ -92,6 +93,9 @@ class Index:
         if self.unique and self.part_count == 1 and not self.has_nullable:
             self.fast_key = _FAST_KEYS.get(defn.parts[0].type)
         self.db = None
+        # Kept in memory (spaces/index_views.py) rather than in its LMDB database, which stays
+        # empty: set by Space.keep_indexes_in_memory.
+        self.in_memory = False
 
     @cython.locals(n=cython.Py_ssize_t, f=cython.Py_ssize_t)
     def key_of(self, fields: list[Any]) -> list[Any]:
@@ -220,6 +224,8 @@ class Space:
         self.index_by_name = {}
         self.dropped = False
         self.owned_by = None  # a spaces.ownership.Owner: its data changes only through the engine
+        self.memory_indexes = False
+        self.views = None
         self.redefine(defn, index_defs, txn)
 
     def index(self, iid: int) -> Index:
@@ -248,8 +254,43 @@ class Space:
             self.indexes[idef.iid] = index
             self.index_by_name[idef.name] = index
         self.primary = self.indexes.get(0)
-        self.secondaries = [i for iid, i in self.indexes.items() if iid != 0]
+        self._place_indexes()
         self._checks = self._compile_checks()
+
+    def keep_indexes_in_memory(self, on: bool) -> None:
+        """Keep this space's non-unique secondary indexes in memory (spaces/index_views.py)
+        rather than in LMDB: for the spaces the tube engine owns."""
+        if on != self.memory_indexes:
+            self.memory_indexes = on
+            self._place_indexes()
+
+    @cython.locals(index=Index)
+    def _place_indexes(self) -> None:
+        """Which secondary indexes LMDB keeps (``secondaries``, the ones writes maintain) and
+        which are in memory; a space with some in memory gets its views, and its primary
+        database is watched so that records replayed from a leader reach them."""
+        secondaries = []
+        in_memory = False
+        for iid, index in self.indexes.items():
+            if iid == 0:
+                continue
+            index.in_memory = self.memory_indexes and not index.unique
+            if index.in_memory:
+                in_memory = True
+            else:
+                secondaries.append(index)
+        self.secondaries = secondaries
+        old = self.views
+        watched = self.storage.watched
+        if old is not None and self.primary is not None:
+            watched.pop(self.primary.defn.db_name.encode(), None)
+        if in_memory and self.primary is not None:
+            # A change noted before a redefinition is still to be folded in; the views are built
+            # again (the set of indexes may have changed).
+            self.views = IndexViews(self, None if old is None else old.noted)
+            watched[self.primary.defn.db_name.encode()] = self.views.replayed
+        else:
+            self.views = None
 
     def _compile_checks(self) -> list[tuple[int, Callable[[Any], bool], str, bool]]:
         types: dict[int, tuple[str, bool]] = {}
@@ -363,6 +404,15 @@ class Space:
             key = []
         primary_db = self._primary().db
         prefix = keys.encode(key)
+        if index.in_memory:
+            views = self.views
+            reader = self.storage.reader()
+            # The shared reader's snapshot keeps the shared views; any other transaction gets
+            # a view of its own for this scan.
+            cursor = views.cursor(index, txn) if txn is reader else views.cursor_in(index, txn)
+            for _k, value in it.scan(cursor, iterator, prefix, self._true_key(index, txn)):
+                yield txn.get(value, db=primary_db)
+            return
         with txn.cursor(db=index.db) as cursor:
             for _k, value in it.scan(cursor, iterator, prefix, self._true_key(index, txn)):
                 yield value if index.iid == 0 else txn.get(value, db=primary_db)
@@ -415,7 +465,7 @@ class Space:
         pk = keys.encode(primary.key_of(fields))
         new_entries = self._entries(fields, pk)
 
-        if mode == REPLACE and not self.secondaries:
+        if mode == REPLACE and not self.secondaries and self.views is None:
             return _ReplaceOnly(self, new_entries[0][1], raw)
 
         def write(txn: lmdb.Transaction) -> bytes:
@@ -439,6 +489,8 @@ class Space:
             pk = keys.encode(self._primary().key_of(fields))
             for index, stored, _unique in self._entries(fields, pk):
                 txn.delete(stored, db=index.db)
+            if self.views is not None:
+                self.views.changed(txn, pk_stored)
             return raw
 
         return self._prepare_by_key(iid, key, delete)
@@ -566,6 +618,8 @@ class Space:
         def write(txn: lmdb.Transaction) -> None:
             for index in self.indexes.values():
                 txn.drop(index.db, delete=False)
+            if self.views is not None:
+                self.views.emptied(txn)
 
         return write
 
@@ -638,6 +692,8 @@ class Space:
         """Write the tuple and its index entries; an entry that did not change is left as it is."""
         pk_stored = new_entries[0][1]
         txn.put(pk_stored, raw, True, True, False, new_entries[0][0].db)
+        if self.views is not None:
+            self.views.changed(txn, pk_stored)
         for i in range(1, len(new_entries)):
             index, stored, _unique = new_entries[i]
             if old_entries is not None:

@@ -143,7 +143,7 @@ class GroupCommitter:
 
         def apply(txn: RedoTxn) -> None:
             # Into the bare transaction: the record is logged as it came, not noted again.
-            redo.replay(txn.txn, ops, storage.open_logged, storage.forget_db)
+            redo.replay(txn.txn, ops, storage.open_logged, storage.forget_db, storage.watched)
 
         self._queue.submit_special(apply, done, lsn, term, False, payload)
 

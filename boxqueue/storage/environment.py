@@ -41,6 +41,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,9 @@ class Storage:
         self._data_fd = -1
         self._dbs: dict[bytes, Any] = {}
         self.names: dict[Any, bytes | None] = {None: None}  # handle -> name, for redo records
+        # Database name -> what to tell when a replayed record writes it (key) or empties it
+        # (None): the rooms above keep things in memory over some databases (spaces/index_views.py).
+        self.watched: dict[bytes, Callable[[Any, bytes | None], None]] = {}
         self._opened: list[bytes] = []  # databases opened in the write transaction under way
         self._reader: lmdb.Transaction | None = None
         self.generation = 0  # bumped by every commit

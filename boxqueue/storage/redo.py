@@ -199,11 +199,14 @@ def decode(payload: bytes | memoryview) -> list[Op]:
 OpenDb = Callable[[bytes | None, lmdb.Transaction, bool], Any]
 
 
-def replay(txn: Any, ops: list[Op], open_db: OpenDb, forget: Callable[[bytes], None] | None = None) -> None:
+def replay(txn: Any, ops: list[Op], open_db: OpenDb, forget: Callable[[bytes], None] | None = None,
+           watched: dict[bytes, Callable[[Any, bytes | None], None]] | None = None) -> None:
     """Apply ``ops`` in ``txn`` (a transaction, or a :class:`RedoTxn` to log them again).
     ``open_db(name, txn, create)`` gives the handle of a named database (``None`` when ``create``
     is false and it does not exist); ``name`` ``None`` is the main database. ``forget(name)`` is
-    told of each database a DROP removes (its handle is no longer valid)."""
+    told of each database a DROP removes (its handle is no longer valid). ``watched``: database
+    name -> a function told ``(txn, key)`` of each PUT or DELETE there and ``(txn, None)`` of a
+    DROP."""
     handles: dict[bytes | None, Any] = {}
 
     def handle(name: bytes | None, create: bool = True) -> Any:
@@ -216,6 +219,8 @@ def replay(txn: Any, ops: list[Op], open_db: OpenDb, forget: Callable[[bytes], N
 
     for op in ops:
         code = op[0]
+        if watched and op[1] in watched and code != CREATE:
+            watched[op[1]](txn, op[2] if code in (PUT, DELETE) else None)
         if code == PUT:
             txn.put(op[2], op[3], db=handle(op[1]))
         elif code == DELETE:

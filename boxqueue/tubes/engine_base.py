@@ -56,8 +56,8 @@ ChangeHook = Callable[[int, str, str, str | None, str | None, bytes | None], Non
 _LAYOUT = ((0,), (1, 2, 4, 5), (1, 3))
 _UNIQUE_LAYOUT = (1, 2, 12)
 
-ENGINE_OWNER = Owner("the tube engine")
-BOX_QUEUE_OWNER = Owner("box.queue", schema_open=True)
+ENGINE_OWNER = Owner("the tube engine", indexes_in_memory=True)
+BOX_QUEUE_OWNER = Owner("box.queue", schema_open=True, indexes_in_memory=True)
 
 # The engine's own records: which spaces it owns, tubes that exist on their own, live claims, and
 # the chunks a Spark stream's sink has written (boxqueue/tubes/streams.py).
