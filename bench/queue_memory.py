@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from iproto_load import KEY_ERROR_24, REQ_CALL, SyncClient, machine_info  # noqa: E402
-from queue_cycle import QueueServer, call_body, put_body, queue_statistics  # noqa: E402
+from iproto_load import KEY_ERROR_24, REQ_CALL, SyncClient, machine_info
+from queue_cycle import QueueServer, call_body, put_body, queue_statistics
 
 
 def rss_anon(pid: int) -> int:
@@ -103,6 +101,8 @@ def measure(target: str, args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"{target}: {found} tasks after the restart, not {total}")
             time.sleep(0.05)
         counted_s = time.perf_counter() - started
+        if args.show_log:
+            print(f"[{target}] server log of the restart:\n{server.log_tail(args.show_log)}")
         return {
             "target": target,
             "tasks": total,
@@ -128,6 +128,8 @@ def main() -> int:
     parser.add_argument("--queue-module", type=Path, help="the folder holding tarantool/queue's queue/init.lua")
     parser.add_argument("--memtx-memory", type=int, default=2 * 1024**3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--show-log", type=int, default=0, metavar="LINES",
+                        help="print the last LINES lines of each server's log after its restart")
     args = parser.parse_args()
     args.metrics = False
     targets = ("ours", "tarantool") if args.target == "both" else (args.target,)

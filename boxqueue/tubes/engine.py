@@ -25,6 +25,7 @@ to consumers only once their put is durable. After a change is durable the chang
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -203,7 +204,22 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
 
     async def _recover_space(self, queue_space: QueueSpace, *, pace: bool) -> None:
         """Load the space's tasks into its tubes; ``pace``: in chunks, yielding between them
-        (at start; a space taken over later is loaded in one step, unseen by requests)."""
+        (at start; a space taken over later is loaded in one step, unseen by requests).
+
+        The cyclic collector is off meanwhile, and what was made is then moved out of its sight
+        (``gc.freeze``): the objects made here (the orderings' keys; tasks it does not track)
+        are in no cycle, and each full collection would walk all of them, during the load as
+        they pile up and once more after it."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            await self._load_space(queue_space, pace=pace)
+        finally:
+            if collecting:
+                gc.freeze()
+                gc.enable()
+
+    async def _load_space(self, queue_space: QueueSpace, *, pace: bool) -> None:
         space, layout = queue_space.space, queue_space.layout
         if space.primary is None:
             return
@@ -226,10 +242,9 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
         for name, tasks in loaded.items():
             tasks.sort(key=created_of)
             tube = self._tube(queue_space, name)
-            for task in tasks:
-                self._add(tube, task)
-                if task.created > self._last_created:
-                    self._last_created = task.created
+            self._add_all(tube, tasks)
+            if tasks and tasks[-1].created > self._last_created:
+                self._last_created = tasks[-1].created
             placed += len(tasks)
             if pace and placed >= RECOVERY_CHUNK:
                 placed = 0

@@ -148,7 +148,9 @@ class EngineBase:
         self.committer = catalog.committer
         self.kinds = dict(kinds or {})
         self.tubes: dict[tuple[int, str], Tube] = {}
-        self._where: dict[tuple[int, str], Tube | list[Tube]] = {}  # (space id, task id) -> tube(s)
+        # space id -> task id -> its tube (a list if tubes of the space share the id): one dict a
+        # space rather than (space, id) keys, which cost a tuple a task in memory.
+        self._where: dict[int, dict[str, Tube | list[Tube]]] = {}
         self._held: dict[int, dict[Task, Tube]] = {}  # session -> the tasks it has taken
         self._owned: dict[int, QueueSpace] = {}
         self._checked: dict[int, tuple[Space, int, QueueSpace | None]] = {}  # D12 checks per schema
@@ -246,7 +248,8 @@ class EngineBase:
 
     def find(self, space_id: int, task_id: Any) -> tuple[Tube, Task]:
         """The task with this id in the space (box.queue's calls name no tube)."""
-        found = self._where.get((space_id, task_id)) if isinstance(task_id, str) else None
+        where = self._where.get(space_id)
+        found = where.get(task_id) if where is not None and isinstance(task_id, str) else None
         if found is None:
             raise proc_error("Task not found")
         if isinstance(found, list):
@@ -275,14 +278,16 @@ class EngineBase:
     @cython.locals(tube=Tube, task=Task)
     def _add(self, tube: Tube, task: Task) -> None:
         tube.tasks[task.id] = task
-        key = (tube.space_id, task.id)
-        other = self._where.get(key)
+        where = self._where.get(tube.space_id)
+        if where is None:
+            where = self._where[tube.space_id] = {}
+        other = where.get(task.id)
         if other is None:
-            self._where[key] = tube
+            where[task.id] = tube
         elif type(other) is list:
             other.append(tube)
         elif other is not tube:
-            self._where[key] = [other, tube]  # type: ignore[list-item]
+            where[task.id] = [other, tube]  # type: ignore[list-item]
         self._enter(tube, task)
 
     @cython.locals(tube=Tube, task=Task)
@@ -291,14 +296,45 @@ class EngineBase:
         del tube.tasks[task.id]
         if not tube.tasks:
             tube.monitor_wakeup.set()  # its monitor ends, and the tube may be forgotten
-        key = (tube.space_id, task.id)
-        other = self._where.get(key)
+        where = self._where[tube.space_id]
+        other = where.get(task.id)
         if other is tube:
-            del self._where[key]
+            del where[task.id]
         elif type(other) is list:
             other.remove(tube)
             if len(other) == 1:
-                self._where[key] = other[0]
+                where[task.id] = other[0]
+
+    @cython.locals(tube=Tube, task=Task)
+    def _add_all(self, tube: Tube, tasks: list[Task]) -> None:
+        """:meth:`_add` of each of ``tasks`` (in creation order) into a tube that holds nothing: a
+        recovery's, with the tube's orderings built in one step and its monitor woken once."""
+        if tube.tasks or not tasks:
+            for task in tasks:
+                self._add(tube, task)
+            return
+        where = self._where.get(tube.space_id)
+        if where is None:
+            where = self._where[tube.space_id] = {}
+        first_event = tasks[0].event
+        for task in tasks:
+            tube.tasks[task.id] = task
+            other = where.get(task.id)
+            if other is None:
+                where[task.id] = tube
+            elif type(other) is list:
+                other.append(tube)
+            elif other is not tube:
+                where[task.id] = [other, tube]  # type: ignore[list-item]
+            if task.status == TAKEN and is_session(task.cid):
+                self._held.setdefault(task.cid, {})[task] = tube
+            if task.event < first_event:
+                first_event = task.event
+        tube.enter_all(tasks)
+        if first_event < tube.monitor_until:
+            tube.monitor_wakeup.set()
+        if not tube.monitor_running:
+            self._start_monitor(tube)
 
     @cython.locals(tube=Tube, task=Task)
     def _enter(self, tube: Tube, task: Task) -> None:
