@@ -83,7 +83,16 @@ def test_a_server_on_a_full_disk_refuses_writes_restarts_serves_reads_and_heals(
             else:
                 raise AssertionError("writes never failed on a full disk")
             assert conn.select("kv", [failed_key]) == [] or list(conn.select("kv", [failed_key])) == []
-            assert refused(lambda: conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "no room"])) == 40
+            # A put's record is smaller than those replaces' (one LMDB entry since the queue space's
+            # secondary indexes are kept in memory): a few may still fit in what is left.
+            for _ in range(5000):
+                try:
+                    conn.call("box.queue.put", [0, "jobs", 0, 0, 0, 0, "no room"])
+                except tarantool.DatabaseError as exc:
+                    assert exc.args[0] == 40, exc.args  # ER_WAL_IO
+                    break
+            else:
+                raise AssertionError("puts never failed on a full disk")
             assert list(conn.select("kv", [5])) == [[5, "x" * 200]]  # reads go on
             acknowledged = sorted(list(t) for t in conn.select("kv", [], limit=10**6))
             conn.close()
