@@ -11,17 +11,18 @@ import itertools
 import logging
 
 import msgpack
+import pytest
 import trio
 
 from boxqueue.config import load_config
-from boxqueue.errcodes import BoxError
+from boxqueue.errcodes import ER, BoxError
 from boxqueue.process import Server
 from boxqueue.spaces import iterators as it
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.space import REPLACE, decode_tuple
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
-from tests.integration.queue_fixtures import QUEUE_SPACE_0
+from tests.integration.queue_fixtures import OTHER_SPACES, QUEUE_SPACE_0
 from tests.integration.replica_fixtures import Cluster
 
 ITERATORS = (it.EQ, it.REQ, it.ALL, it.LT, it.LE, it.GE, it.GT)
@@ -74,8 +75,12 @@ def keys_to_try(space) -> list[tuple[int, list]]:
 
 async def copy_into_a_plain_space(server: Server) -> object:
     """An ordinary space with the queue space's definition and tuples (LMDB keeps its indexes)."""
-    catalog, queue = server.catalog, server.catalog.spaces[0]
-    plain, _ = await catalog.create_space("plain_copy", format=queue.defn.format)
+    return await copy_into_a_plain_space_of(server, 0)
+
+
+async def copy_into_a_plain_space_of(server: Server, space_id: int) -> object:
+    catalog, queue = server.catalog, server.catalog.spaces[space_id]
+    plain, _ = await catalog.create_space(f"plain_copy_{space_id}", format=queue.defn.format)
     for index in sorted(queue.indexes.values(), key=lambda i: i.iid):
         parts = [{"field": p.field, "type": p.type, "is_nullable": p.is_nullable} for p in index.defn.parts]
         await catalog.create_index(plain, index.name, index_type="TREE", unique=index.unique, parts=parts)
@@ -255,3 +260,31 @@ def test_a_follower_keeps_its_views_as_it_applies_the_leaders_records(tmp_path):
         cluster.wait_until(followed, what="the follower answers as the leader after more writes")
     finally:
         cluster.stop()
+
+
+async def test_an_index_a_ddl_adds_to_a_queue_space_is_checked_and_kept_in_memory(tmp_path, nursery):
+    """box.queue's spaces leave DDL to the user (put_unique's index is added that way): the new
+    index is kept in memory, writes no LMDB entry, and still refuses tuples of the wrong type."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'data_dir = "d"\n[iproto]\nlisten = "127.0.0.1:0"\n{QUEUE_SPACE_0}{OTHER_SPACES}')
+    server = Server(load_config(cfg), handle_signals=False)
+    await nursery.start(server.run)
+    try:
+        engine, catalog = server.engine, server.catalog
+        for n in range(20):
+            await engine.put(1, f"t{n % 2}", delay=0, ttl=None, ttr=None, pri=0, data=[f"d{n % 3}"])
+        plain = catalog.spaces[1]
+        assert plain.memory_indexes and [i.in_memory for i in plain.indexes.values()] == [False, True, True]
+        with pytest.raises(BoxError) as refused:  # field 6 (cid) holds numbers, not strings
+            await catalog.create_index(plain, "wrong", index_type="TREE", unique=False,
+                                       parts=[[1, "string"], [6, "string"]])
+        assert refused.value.code == ER.FIELD_TYPE
+        await catalog.create_index(plain, "put_unique", index_type="TREE", unique=False,
+                                   parts=[[1, "string"], [2, "string"], {"field": 12, "type": "scalar", "is_nullable": True}])
+        space = catalog.spaces[1]
+        assert space.indexes[3].in_memory and index_entries(server, space, 3) == 0
+        found = space.select(3, it.EQ, ["t1", "r", "d2"])
+        assert sorted(decode_tuple(r)[12] for r in found) == ["d2"] * len(found) and len(found) == 3
+        assert compare(space, await copy_into_a_plain_space_of(server, 1)) > 100
+    finally:
+        server.stop()
