@@ -18,18 +18,18 @@ transaction the id of the last commit it shows, so a change is in a snapshot whe
 most the snapshot's.
 
 The keys are the stored keys the LMDB index held (``storage/keys.py``), so the iterators of
-``spaces/iterators.py`` walk a view exactly as they walked the LMDB index: same order, same
-results.
+``spaces/iterators.py`` walk a view (with their ``ListCursor``) exactly as they walked the LMDB
+index: same order, same results.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
 
+from boxqueue.spaces.iterators import ListCursor
 from boxqueue.spaces.msgpack_values import unpack
 from boxqueue.storage import keys
 
@@ -71,46 +71,6 @@ class SortedView:
         return len(self.keys)
 
 
-class ViewCursor:
-    """LMDB's cursor interface over a :class:`SortedView` (what ``iterators.scan`` walks)."""
-
-    __slots__ = ("_keys", "_pk_by_key", "_pos")
-
-    def __init__(self, keys_in_order: Any, pk_by_key: dict[bytes, bytes]) -> None:
-        self._keys = keys_in_order
-        self._pk_by_key = pk_by_key
-        self._pos = -1
-
-    def _valid(self) -> bool:
-        return 0 <= self._pos < len(self._keys)
-
-    def first(self) -> bool:
-        self._pos = 0
-        return self._valid()
-
-    def last(self) -> bool:
-        self._pos = len(self._keys) - 1
-        return self._valid()
-
-    def set_range(self, key: bytes) -> bool:
-        self._pos = self._keys.bisect_left(key) if isinstance(self._keys, SortedList) else bisect.bisect_left(self._keys, key)
-        return self._valid()
-
-    def next(self) -> bool:
-        self._pos += 1
-        return self._valid()
-
-    def prev(self) -> bool:
-        self._pos -= 1
-        return self._valid()
-
-    def key(self) -> bytes:
-        return self._keys[self._pos]
-
-    def value(self) -> bytes:
-        return self._pk_by_key[self._keys[self._pos]]
-
-
 class IndexViews:
     """The in-memory indexes of one space, and the changes not yet folded into them."""
 
@@ -149,21 +109,19 @@ class IndexViews:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def cursor(self, index: Index, reader: Any) -> ViewCursor:
+    def cursor(self, index: Index, reader: Any) -> ListCursor:
         """A cursor over ``index`` as the shared reader ``reader`` shows the space."""
         self._catch_up(reader)
         views = self.views
         if views is None:
             views = self._build(reader)
         view = views[index.iid]
-        return ViewCursor(view.keys, view.pk_by_key)
+        return ListCursor(view.keys, view.pk_by_key)
 
-    def cursor_in(self, index: Index, txn: Any) -> ViewCursor:
+    def cursor_in(self, index: Index, txn: Any) -> ListCursor:
         """A cursor over ``index`` as any other transaction shows it (a write transaction, a
         reader of its own): built for this scan alone, the shared views untouched."""
-        entries = self._entries(txn, [index])[index.iid]
-        entries.sort()
-        return ViewCursor([key for key, _pk in entries], dict(entries))
+        return ListCursor.of(self._entries(txn, [index])[index.iid])
 
     def _catch_up(self, reader: Any) -> None:
         """Bring the views to ``reader``'s snapshot: every noted tuple is read again from it, and

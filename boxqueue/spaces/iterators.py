@@ -6,14 +6,16 @@ the first entry past it. So a scan reads only what it returns, plus at most one 
 
 The store is anything with LMDB's cursor interface (``set_range``, ``first``, ``last``, ``next``,
 ``prev``, ``key``, ``value``): an LMDB cursor for data spaces, :class:`ListCursor` for the system
-views built in memory.
+views and the indexes kept in memory.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from boxqueue.storage.keys import MAX_EXACT, successor
 
@@ -111,15 +113,23 @@ def _walk(cursor, forward: bool, positioned: bool, true_key: TrueKey) -> Iterato
 
 
 class ListCursor:
-    """A cursor over a sorted in-memory list of ``(key, value)`` pairs."""
+    """A cursor over keys sorted in memory, each with its value in ``value_of``: the system views
+    (:meth:`of`) and the in-memory indexes (``spaces/index_views.py``, over a ``SortedList``)."""
 
-    __slots__ = ("_keys", "_values", "_pos")
+    __slots__ = ("_keys", "_value_of", "_bisect", "_pos")
 
-    def __init__(self, items: list[tuple[bytes, bytes]]) -> None:
-        items = sorted(items)
-        self._keys = [k for k, _ in items]
-        self._values = [v for _, v in items]
+    def __init__(self, keys: Any, value_of: dict[bytes, bytes]) -> None:
+        self._keys = keys
+        self._value_of = value_of
+        found = getattr(keys, "bisect_left", None)  # a SortedList's own, or the list's
+        self._bisect = found if found is not None else functools.partial(bisect.bisect_left, keys)
         self._pos = -1
+
+    @classmethod
+    def of(cls, items: list[tuple[bytes, bytes]]) -> ListCursor:
+        """A cursor over ``(key, value)`` pairs, in any order."""
+        items = sorted(items)
+        return cls([k for k, _ in items], dict(items))
 
     def _valid(self) -> bool:
         return 0 <= self._pos < len(self._keys)
@@ -133,11 +143,11 @@ class ListCursor:
         return self._valid()
 
     def set_range(self, key: bytes) -> bool:
-        self._pos = bisect.bisect_left(self._keys, key)
+        self._pos = self._bisect(key)
         return self._valid()
 
     def set_key(self, key: bytes) -> bool:
-        self._pos = bisect.bisect_left(self._keys, key)
+        self._pos = self._bisect(key)
         return self._valid() and self._keys[self._pos] == key
 
     def next(self) -> bool:
@@ -152,4 +162,4 @@ class ListCursor:
         return self._keys[self._pos]
 
     def value(self) -> bytes:
-        return self._values[self._pos]
+        return self._value_of[self._keys[self._pos]]

@@ -108,7 +108,7 @@ class SystemView(IndexLookup):
         for row in rows:
             pk = keys.encode(self.primary.key_of(row))
             items.append((index.entry_key(row, pk)[0], pack(row)))
-        scan = it.scan(it.ListCursor(items), iterator, keys.encode(key), lambda k, _v: k)
+        scan = it.scan(it.ListCursor.of(items), iterator, keys.encode(key), lambda k, _v: k)
         return it.page((raw for _k, raw in scan), offset, limit)
 
     def len(self, user: acl.User | None = None) -> int:

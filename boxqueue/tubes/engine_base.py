@@ -89,6 +89,18 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def _place(where: dict[str, Tube | list[Tube]], task_id: str, tube: Tube) -> None:
+    """Note in a space's map of task ids that ``tube`` holds ``task_id`` (a list when tubes of the
+    space share the id)."""
+    other = where.get(task_id)
+    if other is None:
+        where[task_id] = tube
+    elif type(other) is list:
+        other.append(tube)
+    elif other is not tube:
+        where[task_id] = [other, tube]  # type: ignore[list-item]
+
+
 def is_queue_space(space: Space) -> bool:
     """A space with the 1.5 layout's indexes (D12)."""
     parts = tuple(space.indexes[i].fieldnos for i in sorted(space.indexes))
@@ -278,17 +290,14 @@ class EngineBase:
     @cython.locals(tube=Tube, task=Task)
     def _add(self, tube: Tube, task: Task) -> None:
         tube.tasks[task.id] = task
-        where = self._where.get(tube.space_id)
-        if where is None:
-            where = self._where[tube.space_id] = {}
-        other = where.get(task.id)
-        if other is None:
-            where[task.id] = tube
-        elif type(other) is list:
-            other.append(tube)
-        elif other is not tube:
-            where[task.id] = [other, tube]  # type: ignore[list-item]
+        _place(self._where_in(tube.space_id), task.id, tube)
         self._enter(tube, task)
+
+    def _where_in(self, space_id: int) -> dict[str, Tube | list[Tube]]:
+        where = self._where.get(space_id)
+        if where is None:
+            where = self._where[space_id] = {}
+        return where
 
     @cython.locals(tube=Tube, task=Task)
     def _remove(self, tube: Tube, task: Task) -> None:
@@ -313,19 +322,11 @@ class EngineBase:
             for task in tasks:
                 self._add(tube, task)
             return
-        where = self._where.get(tube.space_id)
-        if where is None:
-            where = self._where[tube.space_id] = {}
+        where = self._where_in(tube.space_id)
         first_event = tasks[0].event
         for task in tasks:
             tube.tasks[task.id] = task
-            other = where.get(task.id)
-            if other is None:
-                where[task.id] = tube
-            elif type(other) is list:
-                other.append(tube)
-            elif other is not tube:
-                where[task.id] = [other, tube]  # type: ignore[list-item]
+            _place(where, task.id, tube)
             if task.status == TAKEN and is_session(task.cid):
                 self._held.setdefault(task.cid, {})[task] = tube
             if task.event < first_event:

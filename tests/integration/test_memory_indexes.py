@@ -20,10 +20,9 @@ from boxqueue.process import Server
 from boxqueue.spaces import iterators as it
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.space import REPLACE, decode_tuple
-from boxqueue.storage.commit import GroupCommitter
-from boxqueue.storage.environment import Storage
 from tests.integration.queue_fixtures import OTHER_SPACES, QUEUE_SPACE_0
 from tests.integration.replica_fixtures import Cluster
+from tests.integration.test_layout_migration import write_old_layout
 
 ITERATORS = (it.EQ, it.REQ, it.ALL, it.LT, it.LE, it.GE, it.GT)
 
@@ -185,25 +184,20 @@ async def write_previous_layout(data_dir) -> int:
     """Put every tuple of the queue space again as the code before index views wrote them: a
     catalogue without the engine's ownership rules keeps every index in LMDB. Returns the index
     entries written."""
-    storage = Storage(data_dir, "fsync")
-    try:
-        committer = GroupCommitter(storage, rejections=(BoxError,))
-        catalog = Catalog(storage, committer)
-        catalog.load()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(committer.run)
-            queue = catalog.spaces[0]
-            assert not queue.memory_indexes
-            for raw in queue.select(0, it.ALL, [], 0, 1 << 30):
-                fields = decode_tuple(raw)
-                await committer.write(queue.prepare_delete(0, [fields[0]]))
-                await committer.write(queue.prepare_put(raw, fields, REPLACE))
-            reader = storage.reader()
-            written = sum(reader.stat(queue.indexes[iid].db)["entries"] for iid in (1, 2, 3))
-            nursery.cancel_scope.cancel()
-        return written
-    finally:
-        storage.close()
+    written: list[int] = []
+
+    async def build(catalog: Catalog, put) -> None:
+        queue = catalog.spaces[0]
+        assert not queue.memory_indexes
+        for raw in queue.select(0, it.ALL, [], 0, 1 << 30):
+            fields = decode_tuple(raw)
+            await queue.delete(0, [fields[0]])  # a replace of the same tuple would skip its entries
+            await put(queue, fields)
+        reader = catalog.storage.reader()
+        written.append(sum(reader.stat(queue.indexes[iid].db)["entries"] for iid in (1, 2, 3)))
+
+    await write_old_layout(data_dir, build)
+    return written[0]
 
 
 async def test_a_directory_of_the_previous_layout_has_its_index_entries_dropped(tmp_path, nursery, caplog):
