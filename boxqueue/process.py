@@ -11,17 +11,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from boxqueue.config import Address, Config, MetricsConfig, SonyaConfig, SpaceConfig, ZaqarConfig
 from boxqueue.errcodes import BoxError
-from boxqueue.facades.sonya import serve_sonya
-from boxqueue.facades.zaqar import TokenAuth, serve_zaqar
-from boxqueue.facades.zaqar.queues import ZaqarQueues
-from boxqueue.facades.zaqar.responses import Limits
-from boxqueue.frontdoor.asgi_serving import Listening
 from boxqueue.iproto.builtins import register_builtins
 from boxqueue.iproto.console import ConsoleServer
 from boxqueue.iproto.dispatch import Dispatcher
@@ -32,7 +27,6 @@ from boxqueue.iproto.session import Session
 from boxqueue.lua_box.engine import LuaEngine, LuaLimits
 from boxqueue.lua_box.persisted_functions import DB_NAME as FUNCTIONS_DB
 from boxqueue.measures import Histogram, RequestMeter
-from boxqueue.metrics.app import serve_metrics
 from boxqueue.metrics.observed import READY, RECOVERING, STOPPING, Observed
 from boxqueue.spaces import access as acl
 from boxqueue.spaces.catalog import Catalog
@@ -51,7 +45,14 @@ from boxqueue.tubes.migration import migrate
 from boxqueue.tubes.pools import PoolCatalog
 from boxqueue.tubes.task_events import catch_up, task_event_hook
 
+if TYPE_CHECKING:
+    from boxqueue.facades.zaqar.queues import ZaqarQueues
+    from boxqueue.frontdoor.asgi_serving import Listening
+
 log = logging.getLogger(__name__)
+
+# The HTTP facades and the metrics listener (hypercorn, the ASGI apps) are imported when their
+# section is configured: a server without them starts sooner (about a third of the imports).
 
 # What an incarnation of the process serves as: alone (no [replication]), or as a replica set's
 # leader or one of its followers (see boxqueue/replication/node.py).
@@ -157,6 +158,8 @@ def cfg_view(config: Config) -> dict[str, object]:
 def http_listening(section: ZaqarConfig | SonyaConfig | MetricsConfig) -> Listening:
     """How an HTTP listener accepts: TLS, its connection limit, the head and body timeouts (the
     metrics listener's section has the same keys)."""
+    from boxqueue.frontdoor.asgi_serving import Listening
+
     tls = section.tls
     context = server_context(tls, alpn=("http/1.1",)) if tls is not None else None
     return Listening(ssl_context=context, max_connections=section.max_connections,
@@ -210,6 +213,8 @@ class Server:
                 outermost.start_soon(dump)
             metrics = config.metrics
             if metrics is not None:
+                from boxqueue.metrics.app import serve_metrics
+
                 listen = metrics.listen
                 self.ports.extra["metrics"] = await outermost.start(
                     lambda task_status: serve_metrics(
@@ -440,6 +445,8 @@ class Server:
             kind = deckard_kind(self.config.deckard.default_ttl_minutes)
             kinds[kind.name] = kind
         if self.config.zaqar is not None:
+            from boxqueue.facades.zaqar.responses import Limits
+
             limits = Limits.configured(dict(self.config.zaqar.limits))
             kind = zaqar_kind(limits.default_message_ttl, limits.default_claim_ttl)
             kinds[kind.name] = kind
@@ -518,6 +525,8 @@ class Server:
         """Zaqar's queues and pools, with the writes opening them makes: a start-up write, done
         before a leader's quorum is installed (no client waits on it)."""
         if self.config.zaqar is not None and self.zaqar_space is not None:
+            from boxqueue.facades.zaqar.queues import ZaqarQueues
+
             assert self.catalog is not None
             pools = PoolCatalog(self.catalog, connect=self._connect_pool)
             queues = self.zaqar_queues = ZaqarQueues(self.engine, self.zaqar_space, self.engine.kinds["zaqar"], pools)
@@ -529,6 +538,9 @@ class Server:
         zaqar = self.config.zaqar
         queues = self.zaqar_queues
         if zaqar is not None and queues is not None:
+            from boxqueue.facades.zaqar import TokenAuth, serve_zaqar
+            from boxqueue.facades.zaqar.responses import Limits
+
             self.ports.extra["zaqar"] = await facades.start(
                 lambda task_status: serve_zaqar(
                     queues,
@@ -546,6 +558,8 @@ class Server:
         broadcast = self.broadcast
         sonya = self.config.sonya
         if sonya is not None and broadcast is not None:
+            from boxqueue.facades.sonya import serve_sonya
+
             self.ports.extra["sonya"] = await facades.start(
                 lambda task_status: serve_sonya(
                     broadcast,

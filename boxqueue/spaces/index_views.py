@@ -24,7 +24,6 @@ index: same order, same results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
@@ -180,5 +179,3 @@ class IndexViews:
                     found.append((stored_form(full), pk))
         return out
 
-
-Watch = Callable[[Any, bytes | None], None]

@@ -9,6 +9,9 @@ field. Compiled with Cython (``msgpack_scan.pxd``); other compiled modules cimpo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import cython
 
 
@@ -116,3 +119,78 @@ def fields_at(buf: bytes, upto: cython.Py_ssize_t) -> tuple[int, list[int]]:
     while len(offsets) <= upto:
         offsets.append(end)
     return count, offsets
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, q=cython.Py_ssize_t, end=cython.Py_ssize_t,
+               n=cython.Py_ssize_t, _i=cython.Py_ssize_t, k=cython.Py_ssize_t, b=cython.uint,
+               u=cython.ulonglong)
+def leading_items(buf: bytes, upto: cython.Py_ssize_t, decode: Callable[[bytes], Any]) -> list[Any]:
+    """The first ``upto`` items of the msgpack array in ``buf``, decoded; the items after them
+    are not walked. Integers, nil, booleans and strings (UTF-8, surrogateescape) are decoded
+    here; any other item's bytes go to ``decode``. (A task's header is integers and strings:
+    recovery reads a million of them, and a general unpacker's set-up per call costs more than
+    the decoding.) ValueError when the items are malformed."""
+    count, p = array_start(buf)
+    if count < 0:
+        raise ValueError("not a msgpack array")
+    end = len(buf)
+    items: list[Any] = []
+    for _i in range(min(count, upto)):
+        if p >= end:
+            raise ValueError("a malformed msgpack array")
+        b = buf[p]
+        if b <= 0x7F:
+            items.append(b)
+            p += 1
+            continue
+        if b >= 0xE0:
+            items.append(cython.cast(cython.int, b) - 0x100)
+            p += 1
+            continue
+        n = -1  # a string's size, when the item is one
+        if 0xA0 <= b <= 0xBF:
+            n = b & 0x1F
+            p += 1
+        elif b == 0xD9 and p + 2 <= end:
+            n = buf[p + 1]
+            p += 2
+        elif b == 0xDA and p + 3 <= end:
+            n = (buf[p + 1] << 8) | buf[p + 2]
+            p += 3
+        if n >= 0:
+            if p + n > end:
+                raise ValueError("a malformed msgpack array")
+            items.append(buf[p:p + n].decode("utf-8", "surrogateescape"))
+            p += n
+            continue
+        if b == 0xC0 or b == 0xC2 or b == 0xC3:
+            items.append(None if b == 0xC0 else b == 0xC3)
+            p += 1
+            continue
+        if 0xCC <= b <= 0xD3:  # uint8..64, int8..64
+            n = 1 << ((b - 0xCC) & 3)
+            if p + 1 + n > end:
+                raise ValueError("a malformed msgpack array")
+            u = 0
+            for k in range(n):
+                u = (u << 8) | buf[p + 1 + k]
+            if b <= 0xCF:
+                items.append(u)
+            elif n == 1:
+                items.append(cython.cast(cython.schar, u))
+            elif n == 2:
+                items.append(cython.cast(cython.short, u))
+            elif n == 4:
+                items.append(cython.cast(cython.int, u))
+            else:
+                items.append(cython.cast(cython.longlong, u))
+            p += 1 + n
+            continue
+        q = skip(buf, p, end)
+        if q < 0:
+            raise ValueError("a malformed msgpack array")
+        items.append(decode(buf[p:q]))
+        p = q
+    return items

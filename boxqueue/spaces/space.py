@@ -393,6 +393,23 @@ class Space:
         txn = txn or self.storage.reader()
         return txn.stat(primary.db)["entries"]
 
+    def stored_after(self, after: bytes | None, limit: int) -> tuple[list[bytes], bytes | None]:
+        """Up to ``limit`` stored tuples in primary-key order, from the first after the stored
+        primary key ``after`` (from the start when None), and the stored key to go on after (None
+        once the scan has reached the end): a scan in chunks that decodes no key (recovery)."""
+        values: list[bytes] = []
+        with self.storage.reader().cursor(db=self._primary().db) as cursor:
+            found = cursor.first() if after is None else cursor.set_range(after)
+            if found and after is not None and cursor.key() == after:
+                found = cursor.next()
+            if not found:
+                return values, None
+            for value in cursor.iternext(keys=False):
+                values.append(value)
+                if len(values) >= limit:
+                    return values, cursor.key()
+        return values, None
+
     def _get(self, index: Index, key: list[Any], txn: lmdb.Transaction) -> bytes | None:
         found = txn.get(keys.stored_form(keys.encode(key)), db=index.db)
         if found is None or index.iid == 0:

@@ -28,7 +28,6 @@ from boxqueue.tubes.engine_base import (
     MAX_TIME_US,
     EngineBase,
     QueueSpace,
-    created_of,
     now_us,
     proc_error,
 )
@@ -39,6 +38,7 @@ from boxqueue.tubes.task import (
     READY,
     TAKEN,
     Task,
+    created_of,
 )
 from boxqueue.tubes.tube import Claim, Tube, claim_holder
 

@@ -45,11 +45,9 @@ from boxqueue.tubes.engine_base import (
     ChangeHook,
     EngineBase,
     QueueSpace,
-    created_of,
     default_kind,
     has_tube_layout,
     has_tube_layout_format,
-    is_session,
     now_us,
     proc_error,
 )
@@ -66,6 +64,8 @@ from boxqueue.tubes.task import (
     TUBE_KEY,
     TUBE_LAYOUT,
     Task,
+    load_tasks,
+    sort_by_created,
 )
 from boxqueue.tubes.task_verbs import TaskVerbs
 from boxqueue.tubes.tube import Claim
@@ -74,7 +74,6 @@ from boxqueue.tubes.tube_records import TubeRecords
 log = logging.getLogger(__name__)
 
 RECOVERY_CHUNK = 10_000  # tasks loaded between two yields at start
-ITERATOR_ALL, ITERATOR_GT = 2, 6
 
 
 class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Streams, EngineBase):
@@ -223,23 +222,19 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
         if space.primary is None:
             return
         loaded: dict[str, list[Task]] = {}
-        key: list[Any] = []
-        iterator = ITERATOR_ALL
+        after: bytes | None = None
         while True:
-            chunk = space.select(0, iterator, key, 0, RECOVERY_CHUNK)
-            for raw in chunk:
-                task = Task.from_fields(decode_tuple(raw), layout)
-                loaded.setdefault(task.tube, []).append(task)
+            chunk, after = space.stored_after(after, RECOVERY_CHUNK)
+            self._note_loaded(queue_space, load_tasks(chunk, layout, loaded))
             if pace:
                 self.recovery.advance(len(chunk))
-            if len(chunk) < RECOVERY_CHUNK:
+            if after is None:
                 break
-            key, iterator = layout.key(task), ITERATOR_GT
             if pace:
                 await trio.lowlevel.checkpoint()
         placed = 0
         for name, tasks in loaded.items():
-            tasks.sort(key=created_of)
+            sort_by_created(tasks)
             tube = self._tube(queue_space, name)
             self._add_all(tube, tasks)
             if tasks and tasks[-1].created > self._last_created:
@@ -269,12 +264,13 @@ class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Stream
             claim.tasks.update(t.id for t in tube.tasks.values() if t.status == TAKEN and t.cid == claim.holder)
 
     async def _return_left_taken(self, spaces: list[QueueSpace]) -> None:
+        # The tasks loaded taken by a session are those ``_held`` notes (no session exists yet).
+        by_id = {s.id: s for s in spaces}
         pending = []
-        for queue_space in spaces:
-            for (sid, _name), tube in list(self.tubes.items()):
-                if sid != queue_space.id:
-                    continue
-                for task in [t for t in tube.tasks.values() if t.status == TAKEN and is_session(t.cid)]:
+        for held in list(self._held.values()):
+            for task, tube in list(held.items()):
+                queue_space = by_id.get(tube.space_id)
+                if queue_space is not None:
                     pending.append(self._change(queue_space, tube, task, tr.made_ready, counter="ready_by_restart"))
         for later in pending:
             try:

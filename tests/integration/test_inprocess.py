@@ -9,6 +9,7 @@ import trio
 
 from boxqueue.config import load_config
 from boxqueue.process import Server
+from boxqueue.spaces.msgpack_values import unpack
 
 
 def frame(header: dict, body: dict | None = None) -> bytes:
@@ -171,6 +172,30 @@ async def test_alter_space_checks_existing_tuples_and_renames(running):
     with pytest.raises(BoxError) as err:
         parse_format([{"name": "a"}, {"name": "a"}])
     assert "duplicate field name" in err.value.message
+
+
+async def test_stored_after_scans_the_primary_index_in_chunks(running):
+    """Recovery's scan: every stored tuple once, in primary-key order, whatever the chunk size,
+    and the key to go on after is None only at the end."""
+    server, _port = running
+    space, _ = await server.catalog.create_space("chunked")
+    await server.catalog.create_index(space, "pk", parts=[[0, "unsigned"]])
+    assert space.stored_after(None, 3) == ([], None)
+    for n in (5, 1, 3, 4, 2):
+        await space.insert(None, [n, f"n{n}"])
+    expected = space.select(0, 2, [])  # ITERATOR_ALL
+    assert [unpack(raw)[0] for raw in expected] == [1, 2, 3, 4, 5]
+    for size in (1, 2, 3, 5, 6):
+        seen, after, calls = [], None, 0
+        while True:
+            chunk, after = space.stored_after(after, size)
+            seen += chunk
+            calls += 1
+            assert len(chunk) <= size
+            if after is None:
+                break
+        assert seen == expected, size
+        assert calls == len(expected) // size + 1, size  # a full last chunk: one more, empty call
 
 
 async def start_with_queue_space(tmp_path: Path, nursery: trio.Nursery) -> Server:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boxqueue.spaces import msgpack_scan
-from boxqueue.spaces.msgpack_values import Raw, array_header, pack_array
+from boxqueue.spaces.msgpack_values import Raw, array_header, pack_array, unpack
 from boxqueue.tubes.task import TupleReader
 
 scalars = st.one_of(
@@ -30,6 +30,25 @@ def test_offsets_are_where_each_item_starts(items, upto):
         assert msgpack.unpackb(raw[offsets[i]:offsets[i + 1]], raw=False, strict_map_key=False) == items[i]
     if count <= upto:
         assert offsets[count:] == [len(raw)] * (upto + 1 - count)
+
+
+@given(st.lists(values, max_size=20), st.integers(0, 25))
+def test_leading_items_decode_as_msgpack_does(items, upto):
+    """Recovery's header decoding: integers of every width, strings of every width, and what it
+    hands to the unpacker, equal to the whole array's decoding."""
+    raw = msgpack.packb(items, use_bin_type=True)
+    assert msgpack_scan.leading_items(raw, upto, unpack) == unpack(raw)[:upto]
+
+
+def test_leading_items_keep_what_the_unpacker_keeps():
+    texts = ["", "a" * 31, "b" * 32, "c" * 255, "d" * 256, "e" * 70000, "\udcff"]
+    raw = msgpack.packb([0, 127, 128, -1, -32, -33, -129, -(2**15) - 1, -(2**31) - 1, -(2**63), 2**64 - 1,
+                         2**32, 1.5, None, True, False, b"\x00", [1], {"k": 1}]
+                        + [t.encode("utf-8", "surrogateescape") for t in texts], use_bin_type=False)
+    assert msgpack_scan.leading_items(raw, 100, unpack) == unpack(raw)
+    for bad in (b"\x81\x01\x02", b"\x92\x01", b"\x91\xc1", b"\x91\xd9\x05ab", b"\x91\xcf\x00"):
+        with pytest.raises(ValueError):
+            msgpack_scan.leading_items(bad, 3, unpack)
 
 
 @pytest.mark.parametrize("n", [15, 16, 65535, 65536])
