@@ -25,11 +25,12 @@ LOAD = 512  # a sublist is split in two when it passes 2 * LOAD keys
 class Ordering:
     """Distinct comparable keys, kept in ascending order."""
 
-    def __init__(self, keys: Iterable[Any] = ()) -> None:
-        ordered = sorted(keys)
-        self._lists: list[list[Any]] = [ordered[i : i + LOAD] for i in range(0, len(ordered), LOAD)]
+    def __init__(self, keys: Iterable[Any] = (), ordered: bool = False) -> None:
+        """``ordered``: ``keys`` is a list already in ascending order (kept, not sorted)."""
+        ordered_keys = keys if ordered and type(keys) is list else sorted(keys)
+        self._lists: list[list[Any]] = [ordered_keys[i : i + LOAD] for i in range(0, len(ordered_keys), LOAD)]
         self._maxes: list[Any] = [sub[-1] for sub in self._lists]
-        self._len: int = len(ordered)
+        self._len: int = len(ordered_keys)
 
     @cython.locals(pos=cython.Py_ssize_t, sub=list, maxes=list, lists=list)
     def add(self, key: Any) -> None:

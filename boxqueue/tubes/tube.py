@@ -148,36 +148,60 @@ class Tube:
             self.by_expiry.add((task.created + task.ttl, task.created, task.id))
         _count_in(self, task, status)
 
-    @cython.locals(task=Task)
+    @cython.locals(task=Task, first=Task, ready_sorted=cython.bint, buried_sorted=cython.bint,
+                   timeline_sorted=cython.bint, expiry_sorted=cython.bint)
     def enter_all(self, tasks: list[Task]) -> Any:
-        """``tasks`` (in creation order) into a tube that holds nothing (a recovery): into
-        :attr:`tasks` and, as :meth:`enter` does, its orderings, made with one sort each rather
-        than a key at a time. Returns the earliest of their events. (One pass: reading each task
-        once matters, as a million tasks lie in memory in another order than this.)"""
+        """``tasks`` (in creation order, ties in key order) into a tube that holds nothing (a
+        recovery): into :attr:`tasks` and, as :meth:`enter` does, its orderings, made in one step
+        each rather than a key at a time. Returns the earliest of their events.
+
+        The keys come in creation order, so an ordering's keys are already sorted when the
+        fields before ``created`` in its keys never go down from one task to the next; this is
+        checked on those fields (numbers) as the keys are made, and only a list found out of order
+        is sorted (comparing a million tuples costs about 0.2 s even when they are in order).
+        One pass over the tasks: a million of them lie in memory in another order than this."""
         assert not self.tasks and tasks
-        first_event = tasks[0].event
+        first = tasks[0]
+        first_event = first.event
         ready: list[Any] = []
         buried: list[Any] = []
         timeline: list[Any] = []
         by_expiry: list[Any] | None = None if self.by_expiry is None else []
+        ready_sorted = buried_sorted = timeline_sorted = expiry_sorted = True
+        ready_last = buried_last = (first.ipri, first.pri)
+        last_event, last_expiry = first.event, first.created + first.ttl
         for task in tasks:
             self.tasks[task.id] = task
-            if task.event < first_event:
-                first_event = task.event
+            event = task.event
+            if event < first_event:
+                first_event = event
             status = task.status
             if status == READY:
+                if ready_sorted and (task.ipri, task.pri) < ready_last:
+                    ready_sorted = False
+                ready_last = (task.ipri, task.pri)
                 ready.append((task.ipri, task.pri, task.created, task.id))
             elif status == BURIED:
+                if buried_sorted and (task.ipri, task.pri) < buried_last:
+                    buried_sorted = False
+                buried_last = (task.ipri, task.pri)
                 buried.append((task.ipri, task.pri, task.created, task.id))
-            timeline.append((task.event, task.created, task.id))
+            if timeline_sorted and event < last_event:
+                timeline_sorted = False
+            last_event = event
+            timeline.append((event, task.created, task.id))
             if by_expiry is not None:
-                by_expiry.append((task.created + task.ttl, task.created, task.id))
+                expiry = task.created + task.ttl
+                if expiry_sorted and expiry < last_expiry:
+                    expiry_sorted = False
+                last_expiry = expiry
+                by_expiry.append((expiry, task.created, task.id))
             _count_in(self, task, status)
-        self.ready = Ordering(ready)
-        self.buried = Ordering(buried)
-        self.timeline = Ordering(timeline)
+        self.ready = Ordering(ready, ready_sorted)
+        self.buried = Ordering(buried, buried_sorted)
+        self.timeline = Ordering(timeline, timeline_sorted)
         if by_expiry is not None:
-            self.by_expiry = Ordering(by_expiry)
+            self.by_expiry = Ordering(by_expiry, expiry_sorted)
         return first_event
 
     @cython.locals(task=Task)
