@@ -30,6 +30,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "boxqueue.iproto.builtins",
     "boxqueue.spaces.space",
     "boxqueue.spaces.iterators",
+    "boxqueue.spaces.index_views",
     "boxqueue.spaces.later",
     "boxqueue.spaces.msgpack_values",
     "boxqueue.spaces.msgpack_scan",

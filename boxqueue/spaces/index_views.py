@@ -8,9 +8,10 @@ non-unique secondary indexes here instead; LMDB holds each tuple once, under its
 its unique indexes as before (a write must check those against every write before it).
 
 Writes do not maintain the views. A write notes only the primary key it changed and the id of
-its write transaction (:meth:`IndexViews.changed`); the views are built at the first read of
-one of them, from the reader's snapshot, and brought up to date at each read by refreshing, from
-that snapshot, the tuples changed since. So a read sees exactly the snapshot the primary index
+its write transaction (:meth:`IndexViews.changed`); a view is built at the first read of its
+index (each index on its own: a view costs a few hundred bytes a tuple, and a client selecting by
+one index should not pay for the others), from the reader's snapshot, and the views are brought
+up to date at each read by refreshing, from that snapshot, the tuples changed since. So a read sees exactly the snapshot the primary index
 shows (writes a group commit has not yet answered are not seen, as with the LMDB indexes), a
 write that is rolled back needs no undo, and a server whose clients never select by those indexes
 never builds them. LMDB gives a write transaction the id its commit will have and a read
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sortedcontainers import SortedList
 
 from boxqueue.spaces.iterators import ListCursor
+from boxqueue.spaces.msgpack_scan import leading_items
 from boxqueue.spaces.msgpack_values import unpack
 from boxqueue.storage import keys
 
@@ -79,8 +81,8 @@ class IndexViews:
         # change that a read may not yet have folded in (or, with no views, that the shared
         # reader may not show yet).
         self.noted: dict[bytes, int] = {} if noted is None else noted
-        self.views: dict[int, SortedView] | None = None
-        self.built_at = 0  # the snapshot the views were built from
+        self.views: dict[int, SortedView] = {}  # by index id, those built so far
+        self.built_at = 0  # the snapshot the oldest of the views was built from
         self.emptied_at = 0  # the last truncation's write transaction
         self._prune_at = PRUNE_AT
         self.builds = 0  # how many times the views were built (tests and metrics read it)
@@ -111,10 +113,9 @@ class IndexViews:
     def cursor(self, index: Index, reader: Any) -> ListCursor:
         """A cursor over ``index`` as the shared reader ``reader`` shows the space."""
         self._catch_up(reader)
-        views = self.views
-        if views is None:
-            views = self._build(reader)
-        view = views[index.iid]
+        view = self.views.get(index.iid)
+        if view is None:
+            view = self._build(index, reader)
         return ListCursor(view.keys, view.pk_by_key)
 
     def cursor_in(self, index: Index, txn: Any) -> ListCursor:
@@ -128,11 +129,11 @@ class IndexViews:
         snapshot shows keeps its note, and is refreshed again at each read until shown)."""
         noted = self.noted
         rid = reader.id()
-        if self.views is not None and self.built_at < self.emptied_at <= rid:
-            self.views = None
+        if self.views and self.built_at < self.emptied_at <= rid:
+            self.views = {}
         if not noted:
             return
-        if self.views is not None:
+        if self.views:
             for pk in noted:
                 self._refresh(pk, reader)
         shown = [pk for pk, stamp in noted.items() if stamp <= rid]
@@ -142,26 +143,23 @@ class IndexViews:
     def _refresh(self, pk: bytes, reader: Any) -> None:
         space = self.space
         views = self.views
-        assert views is not None
         raw = reader.get(pk, None, space.primary.db)
         if raw is None:
             for view in views.values():
                 view.move(pk, None)
             return
-        fields = unpack(raw)
+        fields = leading_items(raw, _fields_read(space, [space.indexes[iid] for iid in views]), unpack)
         pk_encoded = keys.encode(space.primary.key_of(fields))
         for iid, view in views.items():
             full, _unique_form = space.indexes[iid].entry_key(fields, pk_encoded)
             view.move(pk, keys.stored_form(full))
 
-    def _build(self, reader: Any) -> dict[int, SortedView]:
-        space = self.space
-        in_memory = [index for index in space.indexes.values() if index.in_memory]
-        entries = self._entries(reader, in_memory)
-        self.views = {iid: SortedView(found) for iid, found in entries.items()}
-        self.built_at = reader.id()
+    def _build(self, index: Index, reader: Any) -> SortedView:
+        if not self.views:
+            self.built_at = reader.id()
+        view = self.views[index.iid] = SortedView(self._entries(reader, [index])[index.iid])
         self.builds += 1
-        return self.views
+        return view
 
     def _entries(self, txn: Any, indexes: list[Index]) -> dict[int, list[tuple[bytes, bytes]]]:
         """Every tuple's entry in each of ``indexes``, as ``txn`` shows the space."""
@@ -170,12 +168,19 @@ class IndexViews:
         stored_form = keys.stored_form
         out: dict[int, list[tuple[bytes, bytes]]] = {index.iid: [] for index in indexes}
         pairs = [(index, out[index.iid]) for index in indexes]
+        upto = _fields_read(space, indexes)
         with txn.cursor(db=primary.db) as cursor:
             for pk, raw in cursor:
-                fields = unpack(raw)
-                pk_encoded = keys.encode(primary.key_of(fields))
+                fields = leading_items(raw, upto, unpack)
+                # A stored key that was not cut is the encoded key itself (storage/keys.py).
+                pk_encoded = pk if not keys.is_truncated(pk) else keys.encode(primary.key_of(fields))
                 for index, found in pairs:
                     full, _unique_form = index.entry_key(fields, pk_encoded)
                     found.append((stored_form(full), pk))
         return out
 
+
+def _fields_read(space: Space, indexes: list[Index]) -> int:
+    """How many leading fields of a tuple give its entries in ``indexes`` and its primary key:
+    those after them (a task's data, mostly) are not decoded."""
+    return 1 + max(max(index.fieldnos) for index in [space._primary(), *indexes])

@@ -125,6 +125,29 @@ async def test_selects_on_the_indexes_in_memory_answer_what_lmdb_answered(tmp_pa
         server.stop()
 
 
+async def test_each_index_is_built_at_its_own_first_read(tmp_path, nursery):
+    """A select by one index builds that index's view alone; another index's view, built later
+    (after changes the first one has folded in), answers from the same snapshot."""
+    server = await start(tmp_path, nursery)
+    try:
+        queue = server.catalog.spaces[0]
+        await fill_queue(server)
+        plain = await copy_into_a_plain_space(server)
+        assert queue.views.builds == 0
+        assert len(queue.select(1, it.EQ, ["t1", "r"])) == len(plain.select(1, it.EQ, ["t1", "r"]))
+        assert queue.views.builds == 1 and list(queue.views.views) == [1]
+        raw = await server.engine.take(0, "t1", 2, 0)
+        await plain.replace(raw)
+        await server.engine.put(0, "t0", delay=0, ttl=None, ttr=None, pri=3, data=["d0", "later"])
+        (row,) = [r for r in queue.select(1, it.EQ, ["t0"]) if decode_tuple(r)[13] == "later"]
+        await plain.replace(row)
+        assert queue.views.builds == 1
+        assert compare(queue, plain) > 500
+        assert queue.views.builds == 3 and sorted(queue.views.views) == [1, 2, 3]
+    finally:
+        server.stop()
+
+
 def compare(queue, plain) -> int:
     """Every iterator on every key of :func:`keys_to_try`, with and without offset and limit, on
     both spaces: the same rows (or the same error). Returns how many selects were compared."""
