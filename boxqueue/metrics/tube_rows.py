@@ -51,7 +51,7 @@ def oldest_ready_created(tube: Tube) -> int | None:
             return task.created
         if steps >= ready:
             break
-    return min(key[2] for key in tube.ready)
+    return min(task.created for task in tube.ready)
 
 
 Entry = tuple[str, str, Tube]  # (space name, tube name, the tube)

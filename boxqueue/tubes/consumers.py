@@ -106,8 +106,7 @@ class Consumers(EngineBase):
         woken here, deletes those."""
         now = now_us()
         busy = tube.subqueues_busy() if tube.options else None
-        for key in tube.ready:
-            task = tube.tasks[key[3]]
+        for task in tube.ready:
             if task.created + task.ttl > now:
                 if busy and task.attrs and task.attrs.get("utube", "") in busy:
                     continue  # its sub-queue has a task taken already
@@ -144,11 +143,10 @@ class Consumers(EngineBase):
         in [low, high] (a Deckard score range: its tubes keep ipri at 127) and, if ``created``
         is given, created after its first and at or before its second time."""
         now = now_us()
-        keys = tube.ready if low == -math.inf and high == math.inf else tube.ready.irange(
+        ready = tube.ready if low == -math.inf and high == math.inf else tube.ready.irange(
             (MED_PRI, low), (MED_PRI, high, math.inf))
         chosen: list[Task] = []
-        for key in keys:
-            task = tube.tasks[key[3]]
+        for task in ready:
             if task.created + task.ttl <= now:
                 tube.monitor_wakeup.set()
                 continue

@@ -77,7 +77,7 @@ class Monitors(EngineBase):
             self._forget_if_unused(tube)
 
     async def _act(self, queue_space: QueueSpace, tube: Tube, now: int) -> None:
-        due = [tube.tasks[key[2]] for key in tube.timeline.irange(maximum=(now, math.inf))]
+        due = list(tube.timeline.irange(maximum=(now, math.inf)))
         expired = [t for t in due if now >= t.created + t.ttl]
         counters: list[str] = []
         if tube.kind.name == "box.queue" or tube.stats:  # another kind's tube shows box.queue's

@@ -1,6 +1,9 @@
 # C declarations of ordering.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
+from boxqueue.tubes.task cimport Task
+
 cdef class Ordering:
+    cdef readonly int kind
     cdef list _lists
     cdef list _maxes
     cdef Py_ssize_t _len

@@ -6,28 +6,118 @@ few Python frames, and a queue cycle makes six of them (put: into the take order
 events; take: out of both, into the events; ack: out of the events). This keeps its layout, a list
 of sorted sublists of up to ``2 * LOAD`` keys with the largest key of each, so that an insertion
 moves at most a sublist's pointers; and only the operations the engine uses: add, remove,
-iteration in order, ``irange``, ``len``, an index and a leading slice. Keys are compared as
-Python objects (tuples, here).
+iteration in order, ``irange``, ``len``, an index and a leading slice.
+
+Keys are Python objects compared as such (a tube's claims: ``(expires, holder)`` tuples), or, in
+an ordering of a ``kind``, the tasks themselves, compared by the fields that kind names (a task
+ordering): ``READY_ORDER`` (ipri, pri, created, id: the take and kick orders), ``EVENT_ORDER``
+(event, created, id) and ``EXPIRY_ORDER`` (created + ttl, created, id). A task ordering holds no
+key tuple per task (two of them, about 150 bytes a task, were most of a queued task's memory
+besides the task itself) and compares in C; a task's fields must not change while it is in one
+(the engine takes a task out of its tube's orderings before it changes it, and puts it back
+after). Its ``irange`` bounds are key tuples, compared with the tasks' keys.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 from typing import Any
 
 import cython
 
+from boxqueue.tubes.task import Task
+
 LOAD = 512  # a sublist is split in two when it passes 2 * LOAD keys
+KEYS, READY_ORDER, EVENT_ORDER, EXPIRY_ORDER = -1, 0, 1, 2
+
+
+@cython.locals(task=Task)
+def task_key(kind: int, task: Task) -> tuple[Any, ...]:
+    """The key a task ordering of ``kind`` orders ``task`` by."""
+    if kind == READY_ORDER:
+        return (task.ipri, task.pri, task.created, task.id)
+    if kind == EVENT_ORDER:
+        return (task.event, task.created, task.id)
+    return (task.created + task.ttl, task.created, task.id)
+
+
+@cython.cfunc
+@cython.locals(kind=cython.int, a=Task, b=Task)
+def _task_less(kind: int, a: Task, b: Task) -> cython.bint:
+    if kind == READY_ORDER:
+        if a.ipri != b.ipri:
+            return a.ipri < b.ipri
+        if a.pri != b.pri:
+            return a.pri < b.pri
+    elif kind == EVENT_ORDER:
+        if a.event != b.event:
+            return a.event < b.event
+    else:
+        ea = a.created + a.ttl
+        eb = b.created + b.ttl
+        if ea != eb:
+            return ea < eb
+    if a.created != b.created:
+        return a.created < b.created
+    return a.id < b.id
+
+
+@cython.cfunc
+@cython.locals(kind=cython.int)
+def _less(kind: int, a: Any, b: Any) -> cython.bint:
+    """``a < b`` in an ordering of ``kind``; in a task ordering, either may be a key tuple."""
+    if kind == KEYS:
+        return a < b
+    if type(a) is tuple or type(b) is tuple:
+        return (a if type(a) is tuple else task_key(kind, a)) < (b if type(b) is tuple else task_key(kind, b))
+    return _task_less(kind, a, b)
+
+
+@cython.cfunc
+@cython.locals(kind=cython.int, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t)
+def _bisect_left(kind: int, seq: list[Any], x: Any) -> cython.Py_ssize_t:
+    if kind == KEYS:
+        return bisect_left(seq, x)
+    lo, hi = 0, len(seq)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _less(kind, seq[mid], x):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@cython.cfunc
+@cython.locals(kind=cython.int, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t)
+def _bisect_right(kind: int, seq: list[Any], x: Any) -> cython.Py_ssize_t:
+    if kind == KEYS:
+        return bisect_right(seq, x)
+    lo, hi = 0, len(seq)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _less(kind, x, seq[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class Ordering:
     """Distinct comparable keys, kept in ascending order."""
 
-    def __init__(self, keys: Iterable[Any] = (), ordered: bool = False) -> None:
-        """``ordered``: ``keys`` is a list already in ascending order (kept, not sorted)."""
-        ordered_keys = keys if ordered and type(keys) is list else sorted(keys)
+    def __init__(self, keys: Iterable[Any] = (), ordered: bool = False, kind: int = KEYS) -> None:
+        """``ordered``: ``keys`` is a list already in ascending order (kept, not sorted);
+        ``kind``: a task ordering's (the keys are tasks), or ``KEYS``."""
+        self.kind = kind
+        if ordered and type(keys) is list:
+            ordered_keys = keys
+        elif kind == KEYS:
+            ordered_keys = sorted(keys)
+        else:
+            ordered_keys = sorted(keys, key=lambda task: task_key(kind, task))
         self._lists: list[list[Any]] = [ordered_keys[i : i + LOAD] for i in range(0, len(ordered_keys), LOAD)]
         self._maxes: list[Any] = [sub[-1] for sub in self._lists]
         self._len: int = len(ordered_keys)
@@ -41,7 +131,7 @@ class Ordering:
             maxes.append(key)
             self._len = 1
             return
-        pos = bisect_right(maxes, key)
+        pos = _bisect_right(self.kind, maxes, key)
         if pos == len(maxes):  # after every key: the last sublist's new end (a queue's puts)
             pos -= 1
             sub = lists[pos]
@@ -49,7 +139,7 @@ class Ordering:
             maxes[pos] = key
         else:
             sub = lists[pos]
-            insort(sub, key)
+            sub.insert(_bisect_right(self.kind, sub, key), key)
         self._len += 1
         if len(sub) > 2 * LOAD:
             rest = sub[LOAD:]
@@ -62,12 +152,12 @@ class Ordering:
     def remove(self, key: Any) -> None:
         """Take ``key`` out; ValueError if it is not there."""
         maxes = self._maxes
-        pos = bisect_left(maxes, key)
+        pos = _bisect_left(self.kind, maxes, key)
         if pos == len(maxes):
             raise ValueError(f"{key!r} is not in the ordering")
         sub = self._lists[pos]
-        at = bisect_left(sub, key)
-        if sub[at] != key:
+        at = _bisect_left(self.kind, sub, key)
+        if at == len(sub) or (sub[at] is not key if self.kind != KEYS else sub[at] != key):
             raise ValueError(f"{key!r} is not in the ordering")
         del sub[at]
         self._len -= 1
@@ -108,17 +198,17 @@ class Ordering:
         pos = 0
         at = 0
         if minimum is not None:
-            pos = bisect_left(self._maxes, minimum)
+            pos = _bisect_left(self.kind, self._maxes, minimum)
             if pos < len(self._lists):
-                at = bisect_left(self._lists[pos], minimum)
-        return _keys_from(self._lists, pos, at, maximum)
+                at = _bisect_left(self.kind, self._lists[pos], minimum)
+        return _keys_from(self.kind, self._lists, pos, at, maximum)
 
 
-def _keys_from(lists: list[list[Any]], pos: int, at: int, maximum: Any) -> Iterator[Any]:
+def _keys_from(kind: int, lists: list[list[Any]], pos: int, at: int, maximum: Any) -> Iterator[Any]:
     for number in range(pos, len(lists)):
         sub = lists[number]
         for index in range(at if number == pos else 0, len(sub)):
             key = sub[index]
-            if maximum is not None and key > maximum:
+            if maximum is not None and _less(kind, maximum, key):
                 return
             yield key

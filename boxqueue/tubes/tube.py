@@ -16,7 +16,7 @@ import cython
 import trio
 
 from boxqueue.tubes.kinds import TubeKind
-from boxqueue.tubes.ordering import Ordering
+from boxqueue.tubes.ordering import EVENT_ORDER, EXPIRY_ORDER, READY_ORDER, Ordering
 from boxqueue.tubes.task import BURIED, DONE, READY, STATUS_ORDER, TAKEN, Task
 
 # What happened to tasks, counted for every API once each change is durable (the metrics read
@@ -110,9 +110,11 @@ class Tube:
         self.name = name
         self.kind = kind
         self.tasks: dict[str, Task] = {}  # every task, in creation order
-        self.ready: Ordering = Ordering()  # take order: (ipri, pri, created, id)
-        self.buried: Ordering = Ordering()  # kick order, the same keys
-        self.timeline: Ordering = Ordering()  # (event, created, id) of every task
+        # The tasks in orders (ordering.py's task orderings): take order (ipri, pri, created, id),
+        # kick order (the same), every task by (event, created, id).
+        self.ready: Ordering = Ordering(kind=READY_ORDER)
+        self.buried: Ordering = Ordering(kind=READY_ORDER)
+        self.timeline: Ordering = Ordering(kind=EVENT_ORDER)
         self.counts: dict[str, int] = dict.fromkeys(STATUS_ORDER, 0)
         self.stats: dict[str, int] = {}  # box.queue's counters, in the order they first moved
         self.waiters: deque[trio.Event] = deque()
@@ -120,7 +122,7 @@ class Tube:
         self.claim_times: Ordering = Ordering()  # (expires, holder)
         self.options: dict[str, Any] | None = None  # the stored record of a tube that has one
         self.limit = 0  # most tasks the tube keeps (Deckard's max_elements); 0: no limit
-        self.by_expiry: Ordering | None = None  # (expires, created, id), kept while limited
+        self.by_expiry: Ordering | None = None  # by (expires, created, id), kept while limited
         self.monitor_wakeup = trio.Event()
         self.monitor_until = math.inf  # when the sleeping monitor looks again
         self.monitor_running = False
@@ -140,12 +142,12 @@ class Tube:
     def enter(self, task: Task) -> None:
         status = task.status
         if status == READY:
-            self.ready.add((task.ipri, task.pri, task.created, task.id))
+            self.ready.add(task)
         elif status == BURIED:
-            self.buried.add((task.ipri, task.pri, task.created, task.id))
-        self.timeline.add((task.event, task.created, task.id))
+            self.buried.add(task)
+        self.timeline.add(task)
         if self.by_expiry is not None:
-            self.by_expiry.add((task.created + task.ttl, task.created, task.id))
+            self.by_expiry.add(task)
         _count_in(self, task, status)
 
     @cython.locals(task=Task, first=Task, ready_sorted=cython.bint, buried_sorted=cython.bint,
@@ -180,44 +182,44 @@ class Tube:
                 if ready_sorted and (task.ipri, task.pri) < ready_last:
                     ready_sorted = False
                 ready_last = (task.ipri, task.pri)
-                ready.append((task.ipri, task.pri, task.created, task.id))
+                ready.append(task)
             elif status == BURIED:
                 if buried_sorted and (task.ipri, task.pri) < buried_last:
                     buried_sorted = False
                 buried_last = (task.ipri, task.pri)
-                buried.append((task.ipri, task.pri, task.created, task.id))
+                buried.append(task)
             if timeline_sorted and event < last_event:
                 timeline_sorted = False
             last_event = event
-            timeline.append((event, task.created, task.id))
+            timeline.append(task)
             if by_expiry is not None:
                 expiry = task.created + task.ttl
                 if expiry_sorted and expiry < last_expiry:
                     expiry_sorted = False
                 last_expiry = expiry
-                by_expiry.append((expiry, task.created, task.id))
+                by_expiry.append(task)
             _count_in(self, task, status)
-        self.ready = Ordering(ready, ready_sorted)
-        self.buried = Ordering(buried, buried_sorted)
-        self.timeline = Ordering(timeline, timeline_sorted)
+        self.ready = Ordering(ready, ready_sorted, READY_ORDER)
+        self.buried = Ordering(buried, buried_sorted, READY_ORDER)
+        self.timeline = Ordering(timeline, timeline_sorted, EVENT_ORDER)
         if by_expiry is not None:
-            self.by_expiry = Ordering(by_expiry, expiry_sorted)
+            self.by_expiry = Ordering(by_expiry, expiry_sorted, EXPIRY_ORDER)
         return first_event
 
     @cython.locals(task=Task)
     def leave(self, task: Task) -> None:
         status = task.status
         if status == READY:
-            self.ready.remove((task.ipri, task.pri, task.created, task.id))
+            self.ready.remove(task)
         elif status == BURIED:
-            self.buried.remove((task.ipri, task.pri, task.created, task.id))
+            self.buried.remove(task)
         elif status == TAKEN and is_claim_holder(task.cid):
             claim = self.claims.get(task.cid)
             if claim is not None:
                 claim.tasks.discard(task.id)
-        self.timeline.remove((task.event, task.created, task.id))
+        self.timeline.remove(task)
         if self.by_expiry is not None:
-            self.by_expiry.remove((task.created + task.ttl, task.created, task.id))
+            self.by_expiry.remove(task)
         self.counts[status] -= 1
         if self.busy is not None and status == TAKEN:
             sub = _subqueue(task)
@@ -249,17 +251,17 @@ class Tube:
         return self.busy
 
     def first_ready(self) -> Task | None:
-        return self.tasks[self.ready[0][3]] if self.ready else None
+        return self.ready[0] if self.ready else None
 
     def last_ready(self) -> Task | None:
-        return self.tasks[self.ready[-1][3]] if self.ready else None
+        return self.ready[-1] if self.ready else None
 
     def buried_in_order(self) -> list[Task]:
-        return [self.tasks[key[3]] for key in self.buried]
+        return list(self.buried)
 
     def next_time(self) -> float:
         """When the monitor has something to do next: a task's event or a claim's expiry."""
-        first = self.timeline[0][0] if self.timeline else math.inf
+        first = self.timeline[0].event if self.timeline else math.inf
         if self.claim_times and self.claim_times[0][0] < first:
             return self.claim_times[0][0]
         return first
@@ -267,7 +269,7 @@ class Tube:
     def set_limit(self, limit: int) -> None:
         self.limit = limit
         if limit > 0 and self.by_expiry is None:
-            self.by_expiry = Ordering((t.created + t.ttl, t.created, t.id) for t in self.tasks.values())
+            self.by_expiry = Ordering(self.tasks.values(), kind=EXPIRY_ORDER)
         elif limit <= 0:
             self.by_expiry = None
 

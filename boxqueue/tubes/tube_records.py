@@ -85,7 +85,7 @@ class TubeRecords(EngineBase):
         excess = len(tube.tasks) - tube.limit
         if tube.limit <= 0 or excess <= 0 or tube.by_expiry is None:
             return
-        doomed = [tube.tasks[key[2]] for key in tube.by_expiry[:excess]]
+        doomed = tube.by_expiry[:excess]
         await self._batch(queue_space, tube, deletes=doomed)
         log.debug("tube %r over its limit of %d: %d tasks evicted", tube.name, tube.limit, len(doomed))
 

@@ -1,5 +1,6 @@
 """The tubes' compiled ordering against a plain sorted list: every operation the engine uses, over
-random sequences of adds and removes (small sublists, so that splits and emptied sublists occur)."""
+random sequences of adds and removes (small sublists, so that splits and emptied sublists occur);
+task orderings against a list sorted by their keys."""
 
 import contextlib
 import math
@@ -9,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from boxqueue.tubes import ordering
-from boxqueue.tubes.ordering import Ordering
+from boxqueue.tubes.ordering import EVENT_ORDER, EXPIRY_ORDER, READY_ORDER, Ordering, task_key
+from boxqueue.tubes.task import Task
 
 keys = st.tuples(st.integers(0, 40), st.integers(0, 40))
 steps = st.lists(st.tuples(st.booleans(), keys), max_size=300)
@@ -111,3 +113,49 @@ def test_many_keys_split_into_sublists_and_come_back_in_order():
         order.remove((i % 7, i))
     assert list(order) == sorted((i % 7, i) for i in range(1, n, 2))
     assert len(order) == n // 2
+
+
+# Task orderings: the tasks themselves, compared in C by the fields their kind names, against a
+# model sorted by task_key.
+task_keys = st.tuples(st.integers(0, 3), st.floats(0, 3, allow_nan=False), st.integers(0, 30),
+                      st.integers(0, 20), st.integers(0, 40))  # ipri, pri, event, created, ttl
+
+
+def make_task(n: int, fields: tuple) -> Task:
+    ipri, pri, event, created, ttl = fields
+    return Task(f"t{n:04d}", "tube", "r", event, ipri, pri, 0, created, ttl, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from([READY_ORDER, EVENT_ORDER, EXPIRY_ORDER]),
+       initial=st.lists(task_keys, max_size=40), steps=st.lists(st.tuples(st.booleans(), task_keys), max_size=200),
+       low=st.tuples(st.integers(0, 40), st.integers(0, 3)), high=st.tuples(st.integers(0, 40), st.integers(0, 3)))
+def test_task_orderings_keep_the_order_of_their_keys(kind, initial, steps, low, high):
+    def key(task: Task) -> tuple:
+        return task_key(kind, task)
+
+    tasks = [make_task(n, f) for n, f in enumerate(initial)]
+    with small_sublists():
+        order = Ordering(tasks, kind=kind)
+        model = sorted(tasks, key=key)
+        assert list(order) == model
+        for n, (add, fields) in enumerate(steps, start=len(tasks)):
+            if add or not model:
+                task = make_task(n, fields)
+                order.add(task)
+                model.append(task)
+            else:
+                task = model[fields[4] % len(model)]
+                order.remove(task)
+                model.remove(task)
+                with pytest.raises(ValueError):
+                    order.remove(task)
+            model.sort(key=key)
+            assert list(order) == model and len(order) == len(model)
+            if model:
+                assert order[0] is model[0] and order[-1] is model[-1]
+    # Bounds are key tuples, compared with the tasks' keys (a two-field lower bound; an upper one
+    # ending in inf, as the monitor's (now, inf)).
+    bounds = (low, (high[0], math.inf))
+    assert list(order.irange(*bounds)) == [t for t in model if bounds[0] <= key(t) <= bounds[1]]
+    assert list(order.irange(maximum=bounds[1])) == [t for t in model if key(t) <= bounds[1]]

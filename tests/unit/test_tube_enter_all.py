@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from boxqueue.tubes.engine_base import default_kind
-from boxqueue.tubes.ordering import Ordering
+from boxqueue.tubes.ordering import EVENT_ORDER, EXPIRY_ORDER, READY_ORDER, Ordering, task_key
 from boxqueue.tubes.task import BURIED, DELAYED, READY, TAKEN, Task, sort_by_created
 from boxqueue.tubes.tube import Tube
 
@@ -30,7 +30,7 @@ def tasks_of(rows: list[tuple]) -> list[Task]:
 def tube_of(limited: bool) -> Tube:
     tube = Tube(0, "t", default_kind("t"))
     if limited:
-        tube.by_expiry = Ordering()
+        tube.by_expiry = Ordering(kind=EXPIRY_ORDER)
     return tube
 
 
@@ -45,12 +45,13 @@ def test_enter_all_is_enter_of_each(rows, limited):
     assert first_event == min(t.event for t in tasks)
     assert list(at_once.tasks) == list(one_by_one.tasks)
     assert dict(at_once.counts) == dict(one_by_one.counts)
-    for name in ("ready", "buried", "timeline", "by_expiry"):
+    for name, kind in (("ready", READY_ORDER), ("buried", READY_ORDER), ("timeline", EVENT_ORDER),
+                       ("by_expiry", EXPIRY_ORDER)):
         expected = getattr(one_by_one, name)
         got = getattr(at_once, name)
         assert (got is None) == (expected is None)
         if expected is not None:
-            assert list(got) == list(expected), name
+            assert [task_key(kind, t) for t in got] == [task_key(kind, t) for t in expected], name
             assert len(got) == len(expected)
 
 
@@ -60,5 +61,6 @@ def test_keys_in_order_and_out_of_order():
     for rows in (rows_in_order, rows_out):
         tube = tube_of(True)
         tube.enter_all(tasks_of(rows))
-        ready = list(tube.ready)
-        assert ready == sorted(ready) and list(tube.timeline) == sorted(tube.timeline)
+        ready = [task_key(READY_ORDER, t) for t in tube.ready]
+        timeline = [task_key(EVENT_ORDER, t) for t in tube.timeline]
+        assert ready == sorted(ready) and timeline == sorted(timeline)
