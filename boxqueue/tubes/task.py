@@ -251,6 +251,7 @@ def load_tasks(chunk: list[bytes], layout: Layout, loaded: dict[str, list[Task]]
     share one string for its name."""
     upto = layout.header
     made: list[Task] = []
+    times: dict[Any, Any] = {}  # ttl and ttr values met, to share (a tube's tasks mostly have the same)
     for raw in chunk:
         task = Task.from_fields(msgpack_scan.leading_items(raw, upto, unpack), layout)
         tasks = loaded.get(task.tube)
@@ -259,8 +260,24 @@ def load_tasks(chunk: list[bytes], layout: Layout, loaded: dict[str, list[Task]]
         else:
             task.tube = tasks[0].tube
             tasks.append(task)
+        task.ttl = _shared(times, task.ttl)
+        task.ttr = _shared(times, task.ttr)
         made.append(task)
     return made
+
+
+@cython.cfunc
+def _shared(values: dict[Any, Any], value: Any) -> Any:
+    """The object equal to ``value`` met before (the first of them), so that equal numbers read
+    from a million tuples are not a million objects; at most 256 kept."""
+    if type(value) is not int:
+        return value
+    known = values.get(value)
+    if known is not None:
+        return known
+    if len(values) < 256:
+        values[value] = value
+    return value
 
 
 @cython.locals(task=Task)
