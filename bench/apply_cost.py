@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import callgrind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -167,15 +167,7 @@ def follower(count: int, records_path: str) -> None:
 
 
 def instructions(args: list[str]) -> int:
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, *args],
-        capture_output=True, text=True, env=env, check=True,
-    )
-    match = re.search(r"Collected : (\d+)", proc.stderr)
-    if match is None:
-        raise RuntimeError(proc.stderr[-2000:])
-    return int(match.group(1))
+    return callgrind.instructions(__file__, args)
 
 
 def main() -> int:

@@ -12,14 +12,13 @@ the difference per request. Needs valgrind (Debian's package).
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import callgrind
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "queue_stats", "server_call")
@@ -240,16 +239,7 @@ def _task_ids(answers: list[bytes]) -> list[str]:
 
 
 def instructions(count: int, what: str) -> int:
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, __file__, "--run", str(count), what],
-        capture_output=True, text=True, env=env, check=True,
-    )
-    match = re.search(r"Collected : (\d+)", proc.stderr)
-    if match is None:
-        raise RuntimeError(proc.stderr[-2000:])
-    return int(match.group(1))
+    return callgrind.instructions(__file__, ["--run", str(count), what])
 
 
 def main() -> int:

@@ -178,6 +178,8 @@ def leading_items(buf: bytes, upto: cython.Py_ssize_t, decode: Callable[[bytes],
                 u = (u << 8) | buf[p + 1 + k]
             if b <= 0xCF:
                 items.append(u)
+            elif not cython.compiled:  # the casts below are C's: uncompiled, the same in Python
+                items.append(u - (1 << (8 * n)) if u >> (8 * n - 1) else u)
             elif n == 1:
                 items.append(cython.cast(cython.schar, u))
             elif n == 2:
