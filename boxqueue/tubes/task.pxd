@@ -8,11 +8,11 @@ cdef class Task:
     cdef public object id
     cdef public object tube
     cdef public object status
-    cdef public object event
+    cdef public long long event  # C integers: a queued task's times are its own (no int objects)
     cdef public object ipri
     cdef public object pri
     cdef public object cid
-    cdef public object created
+    cdef public long long created
     cdef public object ttl
     cdef public object ttr
     cdef public object cbury

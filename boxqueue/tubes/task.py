@@ -253,7 +253,10 @@ def load_tasks(chunk: list[bytes], layout: Layout, loaded: dict[str, list[Task]]
     made: list[Task] = []
     times: dict[Any, Any] = {}  # ttl and ttr values met, to share (a tube's tasks mostly have the same)
     for raw in chunk:
-        task = Task.from_fields(msgpack_scan.leading_items(raw, upto, unpack), layout)
+        try:
+            task = Task.from_fields(msgpack_scan.leading_items(raw, upto, unpack), layout)
+        except (TypeError, OverflowError) as exc:  # event and created are C integers
+            raise ValueError(f"a stored task's header is not a task's ({exc}): {raw[:100]!r}") from None
         tasks = loaded.get(task.tube)
         if tasks is None:
             loaded[task.tube] = [task]
