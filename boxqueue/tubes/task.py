@@ -188,6 +188,7 @@ class Task:
             task.ttr = fields[9]
             task.cbury = fields[10]
             task.ctaken = fields[11]
+            task.attrs = None
         if layout.header > HEADER_FIELDS:
             attrs = fields[F_ATTRS] if len(fields) > F_ATTRS else None
             task.attrs = dict(attrs) if isinstance(attrs, dict) else {}
@@ -253,10 +254,10 @@ def load_tasks(chunk: list[bytes], layout: Layout, loaded: dict[str, list[Task]]
     made: list[Task] = []
     times: dict[Any, Any] = {}  # ttl and ttr values met, to share (a tube's tasks mostly have the same)
     for raw in chunk:
-        try:
-            task = Task.from_fields(msgpack_scan.leading_items(raw, upto, unpack), layout)
-        except (TypeError, OverflowError) as exc:  # event and created are C integers
-            raise ValueError(f"a stored task's header is not a task's ({exc}): {raw[:100]!r}") from None
+        fields = msgpack_scan.leading_items(raw, upto, unpack)
+        if len(fields) < 10 or not (_is_time(fields[3]) and _is_time(fields[7])):
+            raise ValueError(f"a stored task's header is not a task's: {raw[:100]!r}")
+        task = Task.from_fields(fields, layout)
         tasks = loaded.get(task.tube)
         if tasks is None:
             loaded[task.tube] = [task]
@@ -267,6 +268,12 @@ def load_tasks(chunk: list[bytes], layout: Layout, loaded: dict[str, list[Task]]
         task.ttr = _shared(times, task.ttr)
         made.append(task)
     return made
+
+
+@cython.cfunc
+def _is_time(value: Any) -> cython.bint:
+    """``event`` and ``created`` are C integers (``task.pxd``): a signed 64-bit int."""
+    return type(value) is int and -(2**63) <= value < 2**63
 
 
 @cython.cfunc
