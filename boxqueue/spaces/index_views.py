@@ -134,13 +134,16 @@ class IndexViews:
         if not noted:
             return
         if self.views:
+            upto = _fields_read(self.space, [self.space.indexes[iid] for iid in self.views])
             for pk in noted:
-                self._refresh(pk, reader)
+                self._refresh(pk, reader, upto)
         shown = [pk for pk, stamp in noted.items() if stamp <= rid]
         for pk in shown:
             del noted[pk]
 
-    def _refresh(self, pk: bytes, reader: Any) -> None:
+    def _refresh(self, pk: bytes, reader: Any, upto: int) -> None:
+        """Move ``pk``'s entries in every view to what ``reader`` shows (``upto``: the leading
+        fields the views' keys need)."""
         space = self.space
         views = self.views
         raw = reader.get(pk, None, space.primary.db)
@@ -148,7 +151,7 @@ class IndexViews:
             for view in views.values():
                 view.move(pk, None)
             return
-        fields = leading_items(raw, _fields_read(space, [space.indexes[iid] for iid in views]), unpack)
+        fields = leading_items(raw, upto, unpack)
         pk_encoded = keys.encode(space.primary.key_of(fields))
         for iid, view in views.items():
             full, _unique_form = space.indexes[iid].entry_key(fields, pk_encoded)
