@@ -3,3 +3,9 @@
 
 from boxqueue.tubes.task cimport Task
 from boxqueue.tubes.tube cimport Tube
+
+from boxqueue.tubes.producers cimport Producers
+
+
+cdef class Consumers(Producers):
+    pass

@@ -26,12 +26,12 @@ from boxqueue.spaces.later import Later
 from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
     MAX_TIME_US,
-    EngineBase,
     QueueSpace,
     now_us,
     proc_error,
 )
 from boxqueue.tubes.kinds import MED_PRI, QUEUE_MODULE, back_score
+from boxqueue.tubes.producers import Producers
 from boxqueue.tubes.task import (
     DELAYED,
     QUEUE15,
@@ -45,7 +45,7 @@ from boxqueue.tubes.tube import Claim, Tube, claim_holder
 log = logging.getLogger(__name__)
 
 
-class Consumers(EngineBase):
+class Consumers(Producers):
     def take(self, space_id: int, tube_name: str, consumer: int, timeout: float) -> Awaitable[bytes | None]:
         """The first ready task in take order, waiting up to ``timeout`` seconds for one.
 

@@ -36,14 +36,12 @@ import boxqueue.tubes.transitions as tr
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces.msgpack_values import pack
 from boxqueue.spaces.space import REPLACE, StorageError, decode_tuple
-from boxqueue.tubes.consumers import Consumers
 from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
     OWNED_SPACES,
     RECORD_KEYS,
     TUBE_RECORDS,
     ChangeHook,
-    EngineBase,
     QueueSpace,
     default_kind,
     has_tube_layout,
@@ -52,8 +50,6 @@ from boxqueue.tubes.engine_base import (
     proc_error,
 )
 from boxqueue.tubes.kinds import TubeKind
-from boxqueue.tubes.monitors import Monitors
-from boxqueue.tubes.producers import Producers
 from boxqueue.tubes.recovery import RecoveryProgress
 from boxqueue.tubes.streams import Streams
 from boxqueue.tubes.task import (
@@ -67,16 +63,14 @@ from boxqueue.tubes.task import (
     load_tasks,
     sort_by_created,
 )
-from boxqueue.tubes.task_verbs import TaskVerbs
 from boxqueue.tubes.tube import Claim
-from boxqueue.tubes.tube_records import TubeRecords
 
 log = logging.getLogger(__name__)
 
 RECOVERY_CHUNK = 10_000  # tasks loaded between two yields at start
 
 
-class QueueEngine(Producers, Consumers, TaskVerbs, TubeRecords, Monitors, Streams, EngineBase):
+class QueueEngine(Streams):
     """All tubes of all queue spaces of one server."""
 
     recovery: RecoveryProgress

@@ -28,3 +28,29 @@ cdef class EngineBase:
     cdef public object tallies
     cdef public object forgotten
     cdef dict __dict__
+
+    # The calls the parts make on every request: C calls from compiled code (still callable, and
+    # overridable, from Python).
+    cpdef object queue_space(self, object space_id)
+    cpdef Tube _tube(self, object queue_space, object name)
+    cpdef tuple find(self, object space_id, object task_id)
+    cpdef tuple owned(self, object space_id, object task_id, object consumer, object verb)
+    cpdef _add(self, Tube tube, Task task)
+    cpdef dict _where_in(self, object space_id)
+    cpdef _remove(self, Tube tube, Task task)
+    cpdef _enter(self, Tube tube, Task task)
+    cpdef _leave(self, Tube tube, Task task)
+    cpdef object _next_created(self)
+    cpdef str new_id(self)
+    cpdef _delete(self, object queue_space, Tube tube, Task task, tuple counters=*)
+    cpdef _place_inserted(self, object queue_space, Tube tube, list inserted)
+    cpdef _tally(self, Tube tube, object old, object new, bint expired=*)
+    cpdef _notify(self, Tube tube, object task_id, object old, object new, object raw)
+
+
+cdef class _Deleted:
+    cdef EngineBase engine
+    cdef Tube tube
+    cdef Task task
+    cdef tuple counters
+    cdef object later

@@ -265,8 +265,7 @@ class EngineBase:
         if found is None:
             raise proc_error("Task not found")
         if isinstance(found, list):
-            names = ", ".join(sorted(t.name for t in found))
-            raise proc_error(f"Task id {task_id!r} is ambiguous in space {space_id}: tubes {names} hold one")
+            raise _ambiguous(space_id, task_id, found)
         return found, found.tasks[task_id]
 
     def get(self, space_id: int, tube_name: str, task_id: str) -> Task | None:
@@ -480,18 +479,9 @@ class EngineBase:
             tube.count(counter)
 
         later: Later[bytes] = Later()
-
-        def done(raw: bytes | None, error: BaseException | None) -> None:
-            if error is not None:
-                self._undo_delete(tube, task, counters)
-                later.settle(None, error)
-                return
-            self._tally(tube, task.status, None)
-            self._notify(tube, task.id, task.status, None, None)
-            later.settle(raw)
-
         try:
-            self.committer.submit(queue_space.space.prepare_delete(0, queue_space.layout.key(task)), done)
+            self.committer.submit(queue_space.space.prepare_delete(0, queue_space.layout.key(task)),
+                                  _Deleted(self, tube, task, counters, later))
         except BaseException:
             self._undo_delete(tube, task, counters)
             raise
@@ -697,6 +687,38 @@ def counted(tube: Tube, counter: str | None, result: Any, options: dict[str, Any
     if options is not None and tube.options is None and not tube.dropped:
         tube.options = options
     return result
+
+
+def _ambiguous(space_id: int, task_id: Any, tubes: list[Tube]) -> BoxError:
+    names = ", ".join(sorted(t.name for t in tubes))
+    return proc_error(f"Task id {task_id!r} is ambiguous in space {space_id}: tubes {names} hold one")
+
+
+@cython.cclass
+class _Deleted:
+    """:meth:`EngineBase._delete`'s completion: one object a write, where a closure cost a
+    function and a cell for each name it used."""
+
+    __slots__ = ("engine", "tube", "task", "counters", "later")
+
+    def __init__(self, engine: EngineBase, tube: Tube, task: Task, counters: tuple[str, ...], later: Later[bytes]) -> None:
+        self.engine = engine
+        self.tube = tube
+        self.task = task
+        self.counters = counters
+        self.later = later
+
+    def __call__(self, raw: bytes | None, error: BaseException | None) -> None:
+        engine = self.engine
+        tube = self.tube
+        task = self.task
+        if error is not None:
+            engine._undo_delete(tube, task, self.counters)
+            self.later.settle(None, error)
+            return
+        engine._tally(tube, task.status, None)
+        engine._notify(tube, task.id, task.status, None, None)
+        self.later.settle(raw)
 
 
 def _all(writes: list[Callable[[lmdb.Transaction], Any]]) -> Callable[[lmdb.Transaction], None]:

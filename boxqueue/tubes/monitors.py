@@ -15,7 +15,6 @@ from boxqueue.errcodes import ER, BoxError
 from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
     IDLE_WAIT,
-    EngineBase,
     Mutate,
     QueueSpace,
     now_us,
@@ -29,11 +28,12 @@ from boxqueue.tubes.task import (
     Task,
 )
 from boxqueue.tubes.tube import Tube
+from boxqueue.tubes.tube_records import TubeRecords
 
 log = logging.getLogger(__name__)
 
 
-class Monitors(EngineBase):
+class Monitors(TubeRecords):
     def _start_monitor(self, tube: Tube) -> None:
         if self._nursery is None or tube.monitor_running:
             return

@@ -27,10 +27,10 @@ from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
     SINK_MARKS,
     BatchError,
-    EngineBase,
     now_us,
 )
 from boxqueue.tubes.kinds import TubeKind
+from boxqueue.tubes.monitors import Monitors
 from boxqueue.tubes.task import Task
 from boxqueue.tubes.tube import Claim, Tube
 
@@ -39,7 +39,7 @@ Mark = list[Any]
 ITERATOR_EQ = 0
 
 
-class Streams(EngineBase):
+class Streams(Monitors):
     if TYPE_CHECKING:  # what this part calls of the others (QueueEngine composes them all)
         from boxqueue.spaces.later import Later
         from boxqueue.tubes.engine_base import QueueSpace

@@ -12,8 +12,8 @@ from typing import Any, cast
 import boxqueue.tubes.transitions as tr
 from boxqueue.spaces.later import Later
 from boxqueue.spaces.space import decode_tuple
+from boxqueue.tubes.consumers import Consumers
 from boxqueue.tubes.engine_base import (
-    EngineBase,
     now_us,
     pack_tail,
     proc_error,
@@ -31,7 +31,7 @@ from boxqueue.tubes.task import (
 log = logging.getLogger(__name__)
 
 
-class TaskVerbs(EngineBase):
+class TaskVerbs(Consumers):
     def ack(self, space_id: int, task_id: Any, consumer: int) -> Later[bytes]:
         tube, task = self.owned(space_id, task_id, consumer, "ack")
         return self._delete(self.queue_space(space_id), tube, task, ("ack",))

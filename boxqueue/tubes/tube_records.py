@@ -13,16 +13,16 @@ import lmdb
 from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
     TUBE_RECORDS,
-    EngineBase,
     QueueSpace,
 )
 from boxqueue.tubes.kinds import TubeKind
+from boxqueue.tubes.task_verbs import TaskVerbs
 from boxqueue.tubes.tube import Tube
 
 log = logging.getLogger(__name__)
 
 
-class TubeRecords(EngineBase):
+class TubeRecords(TaskVerbs):
     def _adopt(
         self, queue_space: QueueSpace, tube: Tube, kind: TubeKind | None
     ) -> tuple[list[Callable[[lmdb.Transaction], Any]], dict[str, Any] | None]:
