@@ -7,3 +7,6 @@ cdef class Ordering:
     cdef list _lists
     cdef list _maxes
     cdef Py_ssize_t _len
+
+    cpdef add(self, object key)
+    cpdef remove(self, object key)

@@ -47,9 +47,11 @@ def task_key(kind: int, task: Task) -> tuple[Any, ...]:
 @cython.locals(kind=cython.int, a=Task, b=Task)
 def _task_less(kind: int, a: Task, b: Task) -> cython.bint:
     if kind == READY_ORDER:
-        if a.ipri != b.ipri:
+        # (Tasks of a tube mostly share their lane and priority, small ints CPython keeps one
+        # object each of: the identity test spares two comparisons of objects a step.)
+        if a.ipri is not b.ipri and a.ipri != b.ipri:
             return a.ipri < b.ipri
-        if a.pri != b.pri:
+        if a.pri is not b.pri and a.pri != b.pri:
             return a.pri < b.pri
     elif kind == EVENT_ORDER:
         if a.event != b.event:
@@ -131,13 +133,13 @@ class Ordering:
             maxes.append(key)
             self._len = 1
             return
-        pos = _bisect_right(self.kind, maxes, key)
-        if pos == len(maxes):  # after every key: the last sublist's new end (a queue's puts)
-            pos -= 1
+        pos = len(maxes) - 1
+        if not _less(self.kind, key, maxes[pos]):  # after every key: the last sublist's new end (a queue's puts)
             sub = lists[pos]
             sub.append(key)
             maxes[pos] = key
         else:
+            pos = _bisect_right(self.kind, maxes, key)
             sub = lists[pos]
             sub.insert(_bisect_right(self.kind, sub, key), key)
         self._len += 1
@@ -152,13 +154,17 @@ class Ordering:
     def remove(self, key: Any) -> None:
         """Take ``key`` out; ValueError if it is not there."""
         maxes = self._maxes
-        pos = _bisect_left(self.kind, maxes, key)
-        if pos == len(maxes):
-            raise ValueError(f"{key!r} is not in the ordering")
-        sub = self._lists[pos]
-        at = _bisect_left(self.kind, sub, key)
-        if at == len(sub) or (sub[at] is not key if self.kind != KEYS else sub[at] != key):
-            raise ValueError(f"{key!r} is not in the ordering")
+        if maxes and self.kind != KEYS and self._lists[0][0] is key:  # the head (a take)
+            pos = at = 0
+            sub = self._lists[0]
+        else:
+            pos = _bisect_left(self.kind, maxes, key)
+            if pos == len(maxes):
+                raise ValueError(f"{key!r} is not in the ordering")
+            sub = self._lists[pos]
+            at = _bisect_left(self.kind, sub, key)
+            if at == len(sub) or (sub[at] is not key if self.kind != KEYS else sub[at] != key):
+                raise ValueError(f"{key!r} is not in the ordering")
         del sub[at]
         self._len -= 1
         if not sub:
