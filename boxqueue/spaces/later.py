@@ -12,8 +12,9 @@ A Later is settled exactly once, always on the event loop thread, and has at mos
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import cython
 import trio
 
 T = TypeVar("T")
@@ -27,8 +28,12 @@ def _refuse_cancel(_raise_cancel: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
-class Later(Generic[T]):
-    """One value or one error, later. ``await`` it, or pass a callback to :meth:`then`."""
+@cython.cclass
+class _Later:
+    """One value or one error, later. ``await`` it, or pass a callback to :meth:`then`.
+
+    (An extension type, so it cannot be ``Generic``: :class:`Later` is its name, and its generic
+    face for the type checker.)"""
 
     __slots__ = ("_settled", "_value", "_error", "_callback", "_maps", "_consumed")
 
@@ -41,11 +46,10 @@ class Later(Generic[T]):
         self._consumed = False
 
     @classmethod
-    def done(cls, value: T) -> Later[T]:
+    def done(cls, value: Any) -> Any:
         """An already settled Later (an operation that needed no write)."""
-        later: Later[T] = cls()
-        later._settled = True
-        later._value = value
+        later = cls()
+        later.settle(value)
         return later
 
     def settle(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -81,7 +85,7 @@ class Later(Generic[T]):
         else:
             self._callback = callback
 
-    def map(self, fn: Callable[[T], U]) -> Later[U]:
+    def map(self, fn: Callable[[Any], Any]) -> Any:
         """This Later, turned into one of ``fn(value)``: an error passes through, and so does one
         raised by ``fn``. It changes this object (one consumer, so nobody else holds it) rather
         than making another, which matters on a path taken for every request."""
@@ -97,9 +101,9 @@ class Later(Generic[T]):
             self._maps = [fn]
         else:
             self._maps.append(fn)
-        return self  # type: ignore[return-value]
+        return self
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[Any, None, Any]:
         if self._consumed:
             raise RuntimeError("a Later has one consumer")
         self._consumed = True
@@ -110,3 +114,15 @@ class Later(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._value
+
+
+if TYPE_CHECKING:
+
+    class Later(_Later, Generic[T]):
+        @classmethod
+        def done(cls, value: U) -> Later[U]: ...
+        def map(self, fn: Callable[[T], U]) -> Later[U]: ...
+        def __await__(self) -> Generator[Any, None, T]: ...
+
+else:
+    Later = _Later

@@ -23,7 +23,7 @@ from boxqueue.spaces.procedures import CallContext, Procedures
 from boxqueue.tubes.engine import QueueEngine, now_us, proc_error
 from boxqueue.tubes.kinds import BOX_QUEUE
 from boxqueue.tubes.numbers import tonumber
-from boxqueue.tubes.task import HEADER_FIELDS, HUMAN, STATUS_ORDER, TUBE_LAYOUT, TupleReader
+from boxqueue.tubes.task import HEADER_FIELDS, HUMAN, STATUS_ORDER, TUBE_LAYOUT, rettask
 
 TIMEOUT_INFINITY = 31_536_000
 US = 1_000_000
@@ -65,7 +65,6 @@ class BoxQueue:
     def __init__(self, engine: QueueEngine, max_waiting_takes: int = MAX_WAITING_TAKES) -> None:
         self.engine = engine
         self.kind = engine.kind_named(BOX_QUEUE)  # a tube box.queue creates is box.queue's
-        self.reader = TupleReader()
         self._bound_sessions: set[int] = set()
         self.max_waiting_takes = max_waiting_takes  # per session: takes waiting for a task at once
         self._waiting: dict[int, int] = {}
@@ -106,10 +105,10 @@ class BoxQueue:
         return self._returned_tube
 
     def _returned_15(self, raw: bytes) -> list[Any]:
-        return [self.reader.rettask(raw, HEADER_FIELDS)]
+        return [rettask(raw, HEADER_FIELDS)]
 
     def _returned_tube(self, raw: bytes) -> list[Any]:
-        return [self.reader.rettask(raw, TUBE_LAYOUT.data_at)]
+        return [rettask(raw, TUBE_LAYOUT.data_at)]
 
     def _consumer(self, ctx: CallContext) -> int:
         """The caller's session, bound once so its tasks are released when it ends."""

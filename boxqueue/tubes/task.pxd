@@ -18,3 +18,6 @@ cdef class Task:
     cdef public object cbury
     cdef public object ctaken
     cdef public object attrs
+
+
+cpdef object rettask(bytes raw, Py_ssize_t data_at=*)

@@ -195,47 +195,47 @@ class Task:
         return task
 
 
-class TupleReader:
-    """Turns stored task tuples into replies by walking their msgpack bytes (``boxqueue.spaces.msgpack_scan``,
-    compiled): no field is decoded but the status a reply names."""
+@cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
+               first=cython.Py_ssize_t, status_at=cython.Py_ssize_t, status_end=cython.Py_ssize_t,
+               data=cython.Py_ssize_t, upto=cython.Py_ssize_t, items=cython.Py_ssize_t)
+def rettask(raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
+    """What the queue functions return from a stored task tuple, ``[id, tube, status name,
+    data...]``: the id and the tube as stored, the status by its name, the data fields as stored.
+    One walk over the tuple's msgpack bytes (:mod:`boxqueue.spaces.msgpack_scan`, checked to its
+    end as :func:`msgpack_scan.fields_at` checks them); no field is decoded but the status."""
+    count, first = msgpack_scan.array_start(raw)
+    if count < 0:
+        raise ValueError("not a msgpack array")
+    if count < 3:
+        raise ValueError("a task tuple has fewer than 3 fields")
+    upto = data_at
+    end = len(raw)
+    p = first
+    status_at = status_end = data = end
+    for i in range(count):
+        if i == 2:
+            status_at = p
+        elif i == 3:
+            status_end = p
+        if i == upto:
+            data = p
+        p = msgpack_scan.skip(raw, p, end)
+        if p < 0:
+            raise ValueError("a malformed msgpack array")
+    if p != end:
+        raise ValueError("bytes after the msgpack array")
+    status = raw[status_at:status_end]
+    named = _PACKED_STATUS_NAMES.get(status)
+    if named is None:
+        value = unpack(status)
+        named = pack(HUMAN.get(value, value))
+    items = 3 + max(count - upto, 0)
+    header = _FIXARRAY_HEADERS[items] if items < 16 else array_header(items)
+    return Raw(b"".join((header, raw[first:status_at], named, raw[data:])))
 
-    @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
-                   first=cython.Py_ssize_t, status_at=cython.Py_ssize_t, status_end=cython.Py_ssize_t,
-                   data=cython.Py_ssize_t, upto=cython.Py_ssize_t)
-    def rettask(self, raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
-        """What the queue functions return: ``[id, tube, status name, data...]``: the id and the
-        tube as stored, the status by its name, the data fields as stored. One walk over the
-        tuple's bytes (checked to its end, as :func:`msgpack_scan.fields_at` checks them)."""
-        count, first = msgpack_scan.array_start(raw)
-        if count < 0:
-            raise ValueError("not a msgpack array")
-        if count < 3:
-            raise ValueError("a task tuple has fewer than 3 fields")
-        upto = data_at
-        end = len(raw)
-        p = first
-        status_at = status_end = data = end
-        for i in range(count):
-            if i == 2:
-                status_at = p
-            elif i == 3:
-                status_end = p
-            if i == upto:
-                data = p
-            p = msgpack_scan.skip(raw, p, end)
-            if p < 0:
-                raise ValueError("a malformed msgpack array")
-        if p != end:
-            raise ValueError("bytes after the msgpack array")
-        status = raw[status_at:status_end]
-        named = _PACKED_STATUS_NAMES.get(status)
-        if named is None:
-            value = unpack(status)
-            named = pack(HUMAN.get(value, value))
-        return Raw(b"".join((array_header(3 + max(count - upto, 0)), raw[first:status_at], named, raw[data:])))
 
-
-_PACKED_STATUS_NAMES = {pack(status): pack(name) for status, name in HUMAN.items()}
+_PACKED_STATUS_NAMES = cython.declare(dict, {pack(status): pack(name) for status, name in HUMAN.items()})
+_FIXARRAY_HEADERS = cython.declare(tuple, tuple(array_header(n) for n in range(16)))
 
 
 def encode_task(header: list[Any], data_count: int, data_raw: bytes) -> bytes:
