@@ -54,6 +54,7 @@ cdef class Space:
     cpdef Index index(self, object iid)
     cpdef _check_alive(self)
     cpdef object _find(self, object txn, Index index, object encoded)
+    cpdef object _locate(self, object txn, Index index, object encoded)
     cpdef check_tuple(self, object fields)
     cpdef list _entries(self, object fields, object pk)
     cpdef _check_unique(self, object txn, list entries, object pk_stored, object old_entries=*)

@@ -502,15 +502,31 @@ class Space:
         return write
 
     def prepare_delete(self, iid: int, key: list[Any]) -> WriteFn:
-        def delete(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
-            pk = keys.encode(self._primary().key_of(fields))
-            for index, stored, _unique in self._entries(fields, pk):
-                txn.delete(stored, db=index.db)
+        index = self.index(iid)
+        index.check_key(key, exact=True)
+        encoded = keys.encode(key)
+
+        def delete(txn: lmdb.Transaction) -> bytes | None:
+            self._check_alive()
+            if self.secondaries:  # their entries come from the tuple's fields
+                found = self._find(txn, index, encoded)
+                if found is None:
+                    return None
+                pk_stored, raw, fields = found
+                pk = keys.encode(self._primary().key_of(fields))
+                for entry_index, stored, _unique in self._entries(fields, pk):
+                    txn.delete(stored, db=entry_index.db)
+            else:  # the primary key's entry alone: the tuple is not decoded
+                located = self._locate(txn, index, encoded)
+                if located is None:
+                    return None
+                pk_stored, raw = located
+                txn.delete(pk_stored, db=self._primary().db)
             if self.views is not None:
                 self.views.changed(txn, pk_stored)
             return raw
 
-        return self._prepare_by_key(iid, key, delete)
+        return delete
 
     def prepare_update(self, iid: int, key: list[Any], ops: list[UpdateOp]) -> WriteFn:
         def update(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
@@ -657,6 +673,14 @@ class Space:
         return out
 
     def _find(self, txn: lmdb.Transaction, index: Index, encoded: bytes) -> tuple[bytes, bytes, list[Any]] | None:
+        """The stored primary key, the tuple and its fields of the tuple a unique key names."""
+        located = self._locate(txn, index, encoded)
+        if located is None:
+            return None
+        pk_stored, raw = located
+        return pk_stored, raw, decode_tuple(raw)
+
+    def _locate(self, txn: lmdb.Transaction, index: Index, encoded: bytes) -> tuple[bytes, bytes] | None:
         stored = keys.stored_form(encoded)
         primary_db = self._primary().db
         if index.iid == 0:
@@ -667,7 +691,7 @@ class Space:
             raw = txn.get(pk_stored, db=primary_db) if pk_stored is not None else None
         if raw is None:
             return None
-        return pk_stored, raw, decode_tuple(raw)
+        return pk_stored, raw
 
     def _apply_update(
         self,

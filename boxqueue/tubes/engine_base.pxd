@@ -1,8 +1,15 @@
 # C declarations for Cython (see boxqueue/compiled.py): the engine's task and tube types, so that
 # this module's code typed with them reads their fields directly.
 
-from boxqueue.tubes.task cimport Task
+from boxqueue.tubes.task cimport Layout, Task
 from boxqueue.tubes.tube cimport Tube
+
+
+cdef class QueueSpace:
+    cdef public object space
+    cdef public Layout layout
+    cdef public object kind
+    cdef public bint owned
 
 
 cdef class EngineBase:

@@ -120,6 +120,7 @@ def pack_tail(count: int, values: Iterable[Any]) -> Tail:
     return count, b"".join(pack(v) for v in values)
 
 
+@cython.cclass
 class QueueSpace:
     """A space holding tasks: its layout and the kind of its tubes."""
 

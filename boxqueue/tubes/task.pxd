@@ -20,4 +20,13 @@ cdef class Task:
     cdef public object attrs
 
 
+cdef class Layout:
+    cdef public str name
+    cdef public int header
+    cdef public int data_at
+    cdef public bint by_tube
+
+    cpdef list key(self, Task task)
+
+
 cpdef object rettask(bytes raw, Py_ssize_t data_at=*)

@@ -49,6 +49,7 @@ F_ID, F_TUBE, F_STATUS, F_EVENT, F_IPRI, F_PRI, F_CID, F_CREATED, F_TTL, F_TTR, 
 F_ATTRS, F_ATTACHMENTS = 12, 13
 
 
+@cython.cclass
 class Layout:
     """Where a space keeps a task's fields."""
 
