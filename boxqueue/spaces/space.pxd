@@ -56,6 +56,8 @@ cdef class Space:
     cpdef object _find(self, object txn, Index index, object encoded)
     cpdef object _locate(self, object txn, Index index, object encoded)
     cpdef check_tuple(self, object fields)
+    cpdef _check_head(self, list head, Py_ssize_t count)
+    cpdef object _rewrite_head(self, object txn, bytes encoded, list key, list head, object head_key)
     cpdef list _entries(self, object fields, object pk)
     cpdef _check_unique(self, object txn, list entries, object pk_stored, object old_entries=*)
     cpdef _store(self, object txn, object raw, list new_entries, object old_entries)

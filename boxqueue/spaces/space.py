@@ -330,6 +330,22 @@ class Space:
             if not accepts(value):
                 raise BoxError(ER.FIELD_TYPE, fieldno + 1, tname)
 
+    def _check_head(self, head: list[Any], count: int) -> None:
+        """:meth:`check_tuple` for a tuple of ``count`` fields whose fields past ``head`` are kept
+        as stored (and so were checked)."""
+        expected = self.defn.field_count
+        if expected and count != expected:
+            raise BoxError(ER.EXACT_FIELD_COUNT, count, expected)
+        n = len(head)
+        for fieldno, accepts, tname, nullable in self._checks:
+            if fieldno >= n:
+                continue
+            value = head[fieldno]
+            if value is None and nullable:
+                continue
+            if not accepts(value):
+                raise BoxError(ER.FIELD_TYPE, fieldno + 1, tname)
+
     # -- reads --------------------------------------------------------------------------------
 
     @cython.locals(index=Index)
@@ -551,17 +567,50 @@ class Space:
         task's header). What :meth:`prepare_transform` with such a transform gives, with less
         work: the new tuple is not decoded, and only the index entries whose parts changed are
         computed. ``None`` if no tuple."""
+        primary = self._primary()
+        primary.check_key(key, exact=True)
+        encoded = keys.encode(key)
+        # The head's primary key, when the head holds all of it (the engine's heads do).
+        head_key = primary.key_of(head) if max(primary.fieldnos) < len(head) else None
 
-        @cython.locals(n=cython.Py_ssize_t)
-        def rewrite(txn: lmdb.Transaction, pk_stored: bytes, raw: bytes, fields: list[Any]) -> bytes:
-            n = len(head)
-            _count, offsets = msgpack_scan.fields_at(raw, n)  # offsets[n]: where the kept fields start
-            new_fields = head + fields[n:]
-            # The head's own array header gives way to the whole tuple's.
-            new_raw = array_header(len(new_fields)) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
-            return self._rewrite(txn, pk_stored, fields, new_fields, new_raw)
+        def rewrite(txn: lmdb.Transaction) -> bytes | None:
+            self._check_alive()
+            return self._rewrite_head(txn, encoded, key, head, head_key)
 
-        return self._prepare_by_key(0, key, rewrite)
+        return rewrite
+
+    @cython.locals(n=cython.Py_ssize_t, count=cython.Py_ssize_t)
+    def _rewrite_head(self, txn: lmdb.Transaction, encoded: bytes, key: list[Any], head: list[Any],
+                      head_key: list[Any] | None) -> bytes | None:
+        primary = self._primary()
+        n = len(head)
+        if head_key is not None and not self.secondaries:
+            # Without secondary indexes in LMDB nothing needs the stored fields decoded: the kept
+            # ones were checked when stored (and again by any change of format since), the head
+            # is checked here, and only the primary entry changes.
+            located = self._locate(txn, primary, encoded)
+            if located is None:
+                return None
+            pk_stored, raw = located
+            count, offsets = msgpack_scan.fields_at(raw, n)
+            if count >= n:
+                if head_key != key:  # (numbers equal by value encode alike: storage/keys.py)
+                    raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+                self._check_head(head, count)
+                new_raw = array_header(count) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
+                txn.put(pk_stored, new_raw, True, True, False, primary.db)
+                if self.views is not None:
+                    self.views.changed(txn, pk_stored)
+                return new_raw
+        found = self._find(txn, primary, encoded)
+        if found is None:
+            return None
+        pk_stored, raw, fields = found
+        _count, offsets = msgpack_scan.fields_at(raw, n)  # offsets[n]: where the kept fields start
+        new_fields = head + fields[n:]
+        # The head's own array header gives way to the whole tuple's.
+        new_raw = array_header(len(new_fields)) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
+        return self._rewrite(txn, pk_stored, fields, new_fields, new_raw)
 
     def _rewrite(self, txn: lmdb.Transaction, pk_stored: bytes, fields: list[Any], new_fields: list[Any],
                  new_raw: bytes | None) -> bytes:

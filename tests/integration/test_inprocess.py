@@ -198,6 +198,54 @@ async def test_stored_after_scans_the_primary_index_in_chunks(running):
         assert calls == len(expected) // size + 1, size  # a full last chunk: one more, empty call
 
 
+async def test_head_rewrites_and_deletes_answer_alike_with_and_without_secondary_entries(running):
+    """The engine's writes of a task's header and its deletes take a shorter way in a space whose
+    secondary indexes LMDB does not keep (the tuple is not decoded): a space with a unique
+    secondary index, which takes the long way, is the judge of every answer, error and tuple."""
+    from boxqueue.errcodes import BoxError
+    from boxqueue.spaces.definitions import FieldDef
+
+    server, _port = running
+    catalog = server.catalog
+    fmt = (FieldDef("id", "string"), FieldDef("tube", "string"), FieldDef("n", "unsigned"))
+    short, _ = await catalog.create_space("short_way", format=fmt)
+    await catalog.create_index(short, "pk", parts=[[0, "string"]])
+    judge, _ = await catalog.create_space("long_way", format=fmt)
+    await catalog.create_index(judge, "pk", parts=[[0, "string"]])
+    await catalog.create_index(judge, "by_n", unique=True, parts=[[2, "unsigned"], [0, "string"]])
+    assert not short.secondaries and judge.secondaries
+    for space in (short, judge):
+        for i in range(3):
+            await space.insert(None, [f"t{i}", "tube", i, "data", {"k": [i]}])
+
+    async def outcome(space, write) -> object:
+        try:
+            return await catalog.committer.write(write)
+        except BoxError as exc:
+            return ("error", exc.code, exc.message.replace(space.name, "<space>"))
+
+    cases = [
+        ("rewrite", ["t0"], ["t0", "other", 7]),  # the head changed, the rest kept byte for byte
+        ("rewrite", ["t1"], ["t1", "tube"]),  # a shorter head
+        ("rewrite", ["t2"], ["t2", "tube", -1]),  # a head of the wrong type
+        ("rewrite", ["t2"], ["tX", "tube", 1]),  # a head that changes the primary key
+        ("rewrite", ["missing"], ["missing", "tube", 1]),
+        ("delete", ["t1"], None),
+        ("delete", ["missing"], None),
+        ("delete", ["t1"], None),  # again: gone
+    ]
+    for verb, key, head in cases:
+        answers = []
+        for space in (short, judge):
+            write = space.prepare_head_rewrite(key, head) if verb == "rewrite" else space.prepare_delete(0, key)
+            answers.append(await outcome(space, write))
+        assert answers[0] == answers[1], (verb, key, head, answers)
+        assert short.select(0, 2, []) == judge.select(0, 2, []), (verb, key, head)
+    assert [unpack(raw) for raw in short.select(0, 2, [])] == [
+        ["t0", "other", 7, "data", {"k": [0]}], ["t2", "tube", 2, "data", {"k": [2]}],
+    ]
+
+
 async def start_with_queue_space(tmp_path: Path, nursery: trio.Nursery) -> Server:
     """A server with the shipped configuration's queue space (space 0), wal none."""
     shipped = (Path(__file__).parents[2] / "conf" / "boxqueue.toml").read_text()
