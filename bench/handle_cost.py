@@ -142,9 +142,14 @@ def queue_workload(count: int, what: str = "queue") -> None:
     shipped = (ROOT / "conf" / "boxqueue.toml").read_text()
     config_path.write_text('data_dir = "data"\n[wal]\nmode = "none"\n' + shipped[shipped.index("[[space]]"):shipped.index("[deckard]")])
 
+    # One packer for every frame: ``msgpack.packb`` makes a packer a call, and the three a
+    # request took cost the harness some 15,000 instructions a task, counted in this benchmark's
+    # figures until 2026-11-28 (the client's work, not the server's).
+    packer = msgpack.Packer()
+
     def frame(sync: int, name: str, args: list) -> bytes:
-        payload = msgpack.packb({0: 10, 1: sync}) + msgpack.packb({0x22: name, 0x21: args})
-        return msgpack.packb(len(payload)) + payload
+        payload = packer.pack({0: 10, 1: sync}) + packer.pack({0x22: name, 0x21: args})
+        return packer.pack(len(payload)) + payload
 
     async def main() -> None:
         from boxqueue.iproto import codec
