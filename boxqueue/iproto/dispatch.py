@@ -146,8 +146,13 @@ def _as_box_error(exc: BaseException, stats: Any) -> BoxError:
     return BoxError(ER.SYSTEM, f"internal error: {type(exc).__name__}")
 
 
+_ONE_RAW_BODY = b"\x81\x30\x91"  # {DATA: [ ... ]}, one item
+
+
 @cython.cfunc
 def _call_body(values: Any, call16: cython.bint) -> bytes:
+    if not call16 and type(values) is list and len(values) == 1 and type(values[0]) is Raw:
+        return _ONE_RAW_BODY + values[0]  # a stored tuple (box.queue's answers): data_body's bytes
     values = list(values) if values is not None else []
     if call16:
         values = wrap_call16(values)

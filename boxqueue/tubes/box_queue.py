@@ -97,18 +97,18 @@ class BoxQueue:
         self.engine.queue_space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
 
-    def _returned(self, space_id: int) -> Callable[[bytes], list[Any]]:
+    def _returned(self, space_id: int) -> Callable[[bytes | None], list[Any]]:
         """What a call returns from a stored task of this space (its data starts where the
         space's layout puts it)."""
         if self.engine.queue_space(space_id).layout.data_at == HEADER_FIELDS:
             return self._returned_15
         return self._returned_tube
 
-    def _returned_15(self, raw: bytes) -> list[Any]:
-        return [rettask(raw, HEADER_FIELDS)]
+    def _returned_15(self, raw: bytes | None) -> list[Any]:
+        return [] if raw is None else [rettask(raw, HEADER_FIELDS)]  # (None: a take that found nothing)
 
-    def _returned_tube(self, raw: bytes) -> list[Any]:
-        return [rettask(raw, TUBE_LAYOUT.data_at)]
+    def _returned_tube(self, raw: bytes | None) -> list[Any]:
+        return [] if raw is None else [rettask(raw, TUBE_LAYOUT.data_at)]
 
     def _consumer(self, ctx: CallContext) -> int:
         """The caller's session, bound once so its tasks are released when it ends."""
@@ -178,13 +178,9 @@ class BoxQueue:
         consumer = self._consumer(ctx)
         taking = self.engine.take(space_id, name, consumer, seconds)
         returned = self._returned(space_id)
-
-        def taken(raw: bytes | None) -> list[Any]:
-            return [] if raw is None else returned(raw)
-
         if isinstance(taking, Later):
-            return taking.map(taken)
-        return self.waiting(consumer, taking, taken)
+            return taking.map(returned)
+        return self.waiting(consumer, taking, returned)
 
     def waiting(self, consumer: int, taking: Awaitable[bytes | None],
                 taken: Callable[[bytes | None], list[Any]]) -> Coroutine[Any, Any, list[Any]]:

@@ -19,6 +19,9 @@ cdef class Task:
     cdef public object ctaken
     cdef public object attrs
 
+    cpdef list header(self)
+    cpdef list snapshot(self)
+
 
 cdef class Layout:
     cdef public str name
