@@ -1,11 +1,12 @@
 # C declarations for Cython (see boxqueue/compiled.py): box.queue's procedures as an extension
 # type, so that a call's checks and conversions are C calls.
 
+from boxqueue.tubes.engine_base cimport EngineBase
 from boxqueue.tubes.task cimport rettask
 
 
 cdef class BoxQueue:
-    cdef public object engine
+    cdef public EngineBase engine
     cdef public object kind
     cdef public object _bound_sessions
     cdef public object max_waiting_takes

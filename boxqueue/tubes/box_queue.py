@@ -87,6 +87,9 @@ class BoxQueue:
     # -- helpers ---------------------------------------------------------------------------
 
     def _space(self, value: Any, fn: str) -> int:
+        if type(value) is int:  # (what clients send)
+            self.engine.queue_space(value)  # ER_NO_SUCH_SPACE unless a queue space (D12)
+            return value
         number = tonumber(value)
         if number is None:
             shown = "nil" if value is None else repr(value)

@@ -38,7 +38,7 @@ cdef class EngineBase:
 
     # The calls the parts make on every request: C calls from compiled code (still callable, and
     # overridable, from Python).
-    cpdef object queue_space(self, object space_id)
+    cpdef QueueSpace queue_space(self, object space_id)
     cpdef Tube _tube(self, object queue_space, object name)
     cpdef tuple find(self, object space_id, object task_id)
     cpdef tuple owned(self, object space_id, object task_id, object consumer, object verb)

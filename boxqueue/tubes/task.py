@@ -225,17 +225,18 @@ def rettask(raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
             raise ValueError("a malformed msgpack array")
     if p != end:
         raise ValueError("bytes after the msgpack array")
-    status = raw[status_at:status_end]
-    named = _PACKED_STATUS_NAMES.get(status)
+    named = None
+    if status_end - status_at == 2 and raw[status_at] == 0xA1:  # a one-letter status (every known one)
+        named = _PACKED_NAMES_BY_LETTER.get(raw[status_at + 1])
     if named is None:
-        value = unpack(status)
+        value = unpack(raw[status_at:status_end])
         named = pack(HUMAN.get(value, value))
     items = 3 + max(count - upto, 0)
     header = _FIXARRAY_HEADERS[items] if items < 16 else array_header(items)
     return Raw(b"".join((header, raw[first:status_at], named, raw[data:])))
 
 
-_PACKED_STATUS_NAMES = cython.declare(dict, {pack(status): pack(name) for status, name in HUMAN.items()})
+_PACKED_NAMES_BY_LETTER = cython.declare(dict, {ord(status): pack(name) for status, name in HUMAN.items()})
 _FIXARRAY_HEADERS = cython.declare(tuple, tuple(array_header(n) for n in range(16)))
 
 
