@@ -71,7 +71,9 @@ RECOVERY_CHUNK = 10_000  # tasks loaded between two yields at start
 
 
 class QueueEngine(Streams):
-    """All tubes of all queue spaces of one server."""
+    """All tubes of all queue spaces of one server: the last of the engine's parts, each one a
+    class over the one before it (``EngineBase``, ``Producers``, ``Consumers``, ``TaskVerbs``,
+    ``TubeRecords``, ``Monitors``, ``Streams``), so that the compiled ones call each other in C."""
 
     recovery: RecoveryProgress
 

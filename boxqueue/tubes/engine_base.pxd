@@ -13,9 +13,10 @@ cdef class QueueSpace:
 
 
 cdef class EngineBase:
-    # Every field the engine's parts share (see EngineBase.__init__): EngineBase's own methods
-    # read them as C fields. The parts (Producers, Consumers, ...) and QueueEngine, which composes
-    # them, stay Python classes over it; what they set beyond these goes to the __dict__.
+    # Every field the engine's parts share (see EngineBase.__init__), read as C fields. The parts
+    # are one chain over it: Producers, Consumers, TaskVerbs and TubeRecords extension types (their
+    # .pxd files), then Monitors and Streams (Python classes), then QueueEngine; what they set
+    # beyond these goes to the __dict__.
     cdef public object catalog
     cdef public object committer
     cdef public object kinds
