@@ -313,34 +313,23 @@ class Space:
             raise BoxError(ER.NO_SUCH_INDEX_ID, 0, self.name)
         return self.primary
 
-    def check_tuple(self, fields: list[Any]) -> None:
-        """The space format and index part types (23 wrong type, 39 missing, 38 field count)."""
-        count = self.defn.field_count
-        if count and len(fields) != count:
-            raise BoxError(ER.EXACT_FIELD_COUNT, len(fields), count)
+    @cython.locals(n=cython.Py_ssize_t)
+    def check_tuple(self, fields: list[Any], count: int = -1) -> None:
+        """The space format and index part types (23 wrong type, 39 missing, 38 field count).
+        ``count``: the tuple has that many fields, those past ``fields`` kept as stored (so
+        checked when stored: a header rewrite's)."""
         n = len(fields)
-        for fieldno, accepts, tname, nullable in self._checks:
-            if fieldno >= n:
-                if nullable:
-                    continue
-                raise BoxError(ER.FIELD_MISSING, fieldno + 1)
-            value = fields[fieldno]
-            if value is None and nullable:
-                continue
-            if not accepts(value):
-                raise BoxError(ER.FIELD_TYPE, fieldno + 1, tname)
-
-    def _check_head(self, head: list[Any], count: int) -> None:
-        """:meth:`check_tuple` for a tuple of ``count`` fields whose fields past ``head`` are kept
-        as stored (and so were checked)."""
+        if count < 0:
+            count = n
         expected = self.defn.field_count
         if expected and count != expected:
             raise BoxError(ER.EXACT_FIELD_COUNT, count, expected)
-        n = len(head)
         for fieldno, accepts, tname, nullable in self._checks:
             if fieldno >= n:
-                continue
-            value = head[fieldno]
+                if fieldno < count or nullable:
+                    continue
+                raise BoxError(ER.FIELD_MISSING, fieldno + 1)
+            value = fields[fieldno]
             if value is None and nullable:
                 continue
             if not accepts(value):
@@ -583,34 +572,27 @@ class Space:
     def _rewrite_head(self, txn: lmdb.Transaction, encoded: bytes, key: list[Any], head: list[Any],
                       head_key: list[Any] | None) -> bytes | None:
         primary = self._primary()
+        located = self._locate(txn, primary, encoded)
+        if located is None:
+            return None
+        pk_stored, raw = located
         n = len(head)
-        if head_key is not None and not self.secondaries:
+        count, offsets = msgpack_scan.fields_at(raw, n)  # offsets[n]: where the kept fields start
+        # The head's own array header gives way to the whole tuple's.
+        new_raw = array_header(max(count, n)) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
+        if head_key is not None and count >= n and not self.secondaries:
             # Without secondary indexes in LMDB nothing needs the stored fields decoded: the kept
             # ones were checked when stored (and again by any change of format since), the head
             # is checked here, and only the primary entry changes.
-            located = self._locate(txn, primary, encoded)
-            if located is None:
-                return None
-            pk_stored, raw = located
-            count, offsets = msgpack_scan.fields_at(raw, n)
-            if count >= n:
-                if head_key != key:  # (numbers equal by value encode alike: storage/keys.py)
-                    raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
-                self._check_head(head, count)
-                new_raw = array_header(count) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
-                txn.put(pk_stored, new_raw, True, True, False, primary.db)
-                if self.views is not None:
-                    self.views.changed(txn, pk_stored)
-                return new_raw
-        found = self._find(txn, primary, encoded)
-        if found is None:
-            return None
-        pk_stored, raw, fields = found
-        _count, offsets = msgpack_scan.fields_at(raw, n)  # offsets[n]: where the kept fields start
-        new_fields = head + fields[n:]
-        # The head's own array header gives way to the whole tuple's.
-        new_raw = array_header(len(new_fields)) + pack(head)[len(array_header(n)):] + raw[offsets[n]:]
-        return self._rewrite(txn, pk_stored, fields, new_fields, new_raw)
+            if head_key != key:  # (numbers equal by value encode alike: storage/keys.py)
+                raise BoxError(ER.CANT_UPDATE_PRIMARY_KEY, primary.name, self.name)
+            self.check_tuple(head, count)
+            txn.put(pk_stored, new_raw, True, True, False, primary.db)
+            if self.views is not None:
+                self.views.changed(txn, pk_stored)
+            return new_raw
+        fields = decode_tuple(raw)
+        return self._rewrite(txn, pk_stored, fields, head + fields[n:], new_raw)
 
     def _rewrite(self, txn: lmdb.Transaction, pk_stored: bytes, fields: list[Any], new_fields: list[Any],
                  new_raw: bytes | None) -> bytes:

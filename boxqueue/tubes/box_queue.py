@@ -88,15 +88,15 @@ class BoxQueue:
 
     def _space(self, value: Any, fn: str) -> int:
         if type(value) is int:  # (what clients send)
-            self.engine.queue_space(value)  # ER_NO_SUCH_SPACE unless a queue space (D12)
-            return value
-        number = tonumber(value)
-        if number is None:
-            shown = "nil" if value is None else repr(value)
-            raise proc_error(f"bad argument 'space' to queue.{fn}: a number is required, got {shown}")
-        if number != int(number):  # no space has a fractional id
-            raise BoxError(ER.NO_SUCH_SPACE, number)
-        space_id = int(number)
+            space_id = value
+        else:
+            number = tonumber(value)
+            if number is None:
+                shown = "nil" if value is None else repr(value)
+                raise proc_error(f"bad argument 'space' to queue.{fn}: a number is required, got {shown}")
+            if number != int(number):  # no space has a fractional id
+                raise BoxError(ER.NO_SUCH_SPACE, number)
+            space_id = int(number)
         self.engine.queue_space(space_id)  # ER_NO_SUCH_SPACE unless a queue space (D12)
         return space_id
 
