@@ -55,6 +55,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "boxqueue.tubes.kinds",
     "boxqueue.tubes.tube_records",
     "boxqueue.tubes.numbers",
+    "boxqueue.tubes.queue_module",
     "boxqueue.lua_box.values",
     "boxqueue.lua_box.engine",
 )

@@ -76,9 +76,14 @@ class Procedures:
         self._entries.pop(name, None)
         self._function_ids.pop(name, None)
 
-    def add_resolver(self, resolver: Callable[[str], ProcedureEntry | None]) -> None:
-        """A fallback for names not registered one by one (``box.space.<name>:select``)."""
-        self._resolvers.append(resolver)
+    def add_resolver(self, resolver: Callable[[str], ProcedureEntry | None], *, first: bool = False) -> None:
+        """A fallback for names not registered one by one (``box.space.<name>:select``);
+        ``first``: asked before those added earlier (a resolver whose names are called on every
+        request, and that answers for its own names only)."""
+        if first:
+            self._resolvers.insert(0, resolver)
+        else:
+            self._resolvers.append(resolver)
 
     def resolve(self, name: str) -> ProcedureEntry | None:
         entry = self._entries.get(name)

@@ -14,7 +14,7 @@ import trio
 import boxqueue.tubes.transitions as tr
 from boxqueue.spaces.later import Later
 from boxqueue.spaces.msgpack_values import pack
-from boxqueue.spaces.space import INSERT
+from boxqueue.spaces.space import INSERT, REPLACE
 from boxqueue.tubes.engine_base import (
     MAX_TIME_US,
     EngineBase,
@@ -104,16 +104,22 @@ class Producers(EngineBase):
         ipri_, pri_ = tube.kind.put_order(pri, ipri)
         task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri_, pri=pri_, task_id=task_id,
                              attrs=attrs)
-        if queue_space.layout is QUEUE15 and not records:
+        if not records:
             return self._put_one(queue_space, tube, task, data, counter)
         later = self._batch(queue_space, tube, inserts=[(task, self.tail(queue_space, data))], records=records)
         return later.map(lambda results: counted(tube, counter, results[0], options))
 
     def _put_one(self, queue_space: QueueSpace, tube: Tube, task: Task, data: list[Any], counter: str | None) -> Later[bytes]:
-        """A put into a 1.5 space: one insert, placed once durable."""
-        fields = task.header() + data
+        """A put with no tube record to write: one insert, placed once durable. (A task of the
+        tube layout is written as a replace, as a batch of puts writes it.)"""
+        if queue_space.layout is QUEUE15:
+            fields = task.header() + data
+            op = INSERT
+        else:
+            fields = [*task.header(), {}, *data]  # (no attachments)
+            op = REPLACE
         raw = pack(fields)
-        write = queue_space.space.prepare_put(raw, fields, INSERT)
+        write = queue_space.space.prepare_put(raw, fields, op)
         later: Later[bytes] = Later()
         tube.pending += 1
 

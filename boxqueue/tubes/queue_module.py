@@ -48,12 +48,13 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import cython
 import trio
 
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces import msgpack_scan
 from boxqueue.spaces.later import Later
-from boxqueue.spaces.msgpack_values import Raw, array_header, pack, unpack
+from boxqueue.spaces.msgpack_values import Raw, pack, unpack
 from boxqueue.spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
 from boxqueue.spaces.space import StorageError, decode_tuple
 from boxqueue.tubes.box_queue import BoxQueue
@@ -200,7 +201,8 @@ class QueueModule:
         self._changes_wakeup = trio.Event()
         self.kind = engine.kind_named(QUEUE_MODULE)
         self._tubes: dict[str, ModuleTube] = {}
-        self._entries: dict[str, ProcedureEntry] = {}
+        # resolved names: the tube they were resolved for and their entry
+        self._entries: dict[str, tuple[ModuleTube, ProcedureEntry]] = {}
         self.config: dict[str, Any] = {"in_replicaset": False}
         self._session_ids = itertools.count(SESSION_IDS)
         self._sessions: dict[bytes, QueueSession] = {}  # by UUID
@@ -220,7 +222,9 @@ class QueueModule:
         procedures.register("queue.state", self.state)
         procedures.register("queue.cfg", self.cfg)
         procedures.register("queue.identify", self.identify, writes=True)
-        procedures.add_resolver(self._resolve)
+        # Asked before the other resolvers: its names are called on every task, and it answers
+        # only for the module's tubes (a Lua global table named ``queue`` cannot shadow them).
+        procedures.add_resolver(self._resolve, first=True)
 
     async def run(self) -> None:
         """Releases the takes of sessions left without a connection past their ttr, and runs
@@ -267,7 +271,7 @@ class QueueModule:
         if mt is None or mt.space_id != space_id:
             return
         if raw is not None:
-            fields = unpack(self._answer(raw))
+            fields = unpack(module_task(raw))
         else:  # a deleted task: the hook does not carry its data
             fields = [int(task_id) if task_id.isascii() and task_id.isdigit() else task_id, STATUS[DONE], None]
         what = "delete" if new is None else _CHANGES.get((old, new), "change")
@@ -396,8 +400,17 @@ class QueueModule:
         found = self._tubes[name] = ModuleTube(name, space.id, options)
         return found
 
+    @cython.locals(entries=dict, tubes=dict, cached=tuple)
     def _resolve(self, name: str) -> ProcedureEntry | None:
         """``queue.tube.<tube>:<method>`` for the tubes that exist."""
+        entries = self._entries
+        cached = entries.get(name)
+        if cached is not None and not self.box_queue.standby:
+            mt, entry = cached  # (what the first call of this name resolved, while its tube is the same)
+            tubes = self._tubes
+            space = self.engine.catalog.by_name.get(mt.name)
+            if tubes.get(mt.name) is mt and space is not None and space.id == mt.space_id:
+                return entry
         if not name.startswith(PREFIX):
             return None
         tube_name, _, method = name[len(PREFIX):].rpartition(":")
@@ -407,13 +420,14 @@ class QueueModule:
             if self._stored_options(tube_name) is None:
                 return None
             return make_entry(name, _waiting, writes=METHODS[method])
-        if self.tube_named(tube_name) is None:
+        found = self.tube_named(tube_name)
+        if found is None:
             return None
-        entry = self._entries.get(name)
-        if entry is None:
+        cached = entries.get(name)
+        if cached is None or cached[0] is not found:
             fn = functools.partial(getattr(self, "_" + method), tube_name)
-            entry = self._entries[name] = make_entry(name, fn, writes=METHODS[method])
-        return entry
+            cached = entries[name] = (found, make_entry(name, fn, writes=METHODS[method]))
+        return cached[1]
 
     def _stored_options(self, name: str) -> dict[str, Any] | None:
         """A module tube's record read from LMDB (a follower's engine stands by, its tubes not in
@@ -449,36 +463,17 @@ class QueueModule:
 
     # -- answers ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _answer(raw: bytes, status: str | None = None) -> Raw:
-        """The module's task ``[id, status, data]`` from a stored task tuple: its first data
-        field (a task put by box.queue may have several, or none)."""
-        data_at = TUBE_LAYOUT.data_at
-        count, offsets = msgpack_scan.fields_at(raw, data_at + 1)
-        task_id = unpack(raw[offsets[0]:offsets[1]])
-        if task_id.isascii() and task_id.isdigit():
-            task_id = int(task_id)  # (a task another API put with an id of its own keeps it)
-        letter = pack(STATUS[status]) if status is not None else _PACKED_STATUS[raw[offsets[2]:offsets[3]]]
-        data = raw[offsets[data_at]:offsets[data_at + 1]] if count > data_at else b"\xc0"
-        return Raw(array_header(3) + pack(task_id) + letter + data)
-
-    def _answered(self, status: str | None = None) -> Any:
-        def answered(raw: bytes) -> list[Any]:
-            return [self._answer(raw, status)]
-
-        return answered
-
-    def _freeing(self, mt: ModuleTube, status: str | None = None) -> Any:
+    def _freeing(self, mt: ModuleTube, status: str | None = None) -> Callable[[bytes], list[Any]]:
         """The answer of a change that may free a sub-queue (an ack, delete or bury of a taken
         task): in a tube of sub-queues a waiting take may now have a task."""
         if mt.type not in SUBQUEUES:
-            return self._answered(status)
+            return _answered_done if status == DONE else _answered_any
 
         def answered(raw: bytes) -> list[Any]:
             tube = self.engine.existing_tube(mt.space_id, mt.name)
             if tube is not None:
                 tube.wake_one_consumer()
-            return [self._answer(raw, status)]
+            return [module_task(raw, status)]
 
         return answered
 
@@ -672,7 +667,7 @@ class QueueModule:
         return self.engine.put(
             mt.space_id, name, delay=delay_us, ttl=ttl_us, ttr=ttr_us, pri=pri, data=[data], counter="put",
             kind=self.kind, attrs=attrs,
-        ).map(self._answered())
+        ).map(_answered_any)
 
     def _take(self, name: str, ctx: CallContext, timeout: Any = None) -> Any:
         mt = self._tube(name)
@@ -686,12 +681,9 @@ class QueueModule:
         consumer = self._session(ctx).id
         taking = self.engine.take(mt.space_id, name, consumer, seconds)
 
-        def taken(raw: bytes | None) -> list[Any]:
-            return [] if raw is None else [self._answer(raw)]
-
         if isinstance(taking, Later):
-            return taking.map(taken)
-        return self.box_queue.waiting(consumer, taking, taken)
+            return taking.map(_taken)
+        return self.box_queue.waiting(consumer, taking, _taken)
 
     def _ack(self, name: str, ctx: CallContext, task_id: Any = None) -> Later[list[Any]]:
         mt = self._tube(name)
@@ -707,18 +699,18 @@ class QueueModule:
             delay_us = _seconds_us(delay)
             return self.engine.release(mt.space_id, task.id, task.cid, delay_us, None,
                                        ttl_us=task.ttl + delay_us).map(self._freeing(mt))
-        return self.engine.release(mt.space_id, task.id, task.cid, 0, None).map(self._answered())
+        return self.engine.release(mt.space_id, task.id, task.cid, 0, None).map(_answered_any)
 
     def _peek(self, name: str, ctx: CallContext, task_id: Any = None) -> list[Any]:
         mt = self._tube(name)
         task = self._task(mt, task_id)
-        return [self._answer(self.engine.peek(mt.space_id, task.id))]
+        return [module_task(self.engine.peek(mt.space_id, task.id))]
 
     def _bury(self, name: str, ctx: CallContext, task_id: Any = None) -> Any:
         mt = self._tube(name)
         task = self._task(mt, task_id)
         if task.status == BURIED:
-            return [self._answer(self.engine.peek(mt.space_id, task.id))]
+            return [module_task(self.engine.peek(mt.space_id, task.id))]
         return self.engine.bury_any(mt.space_id, task.id).map(self._freeing(mt))
 
     async def _kick(self, name: str, ctx: CallContext, count: Any = None) -> list[Any]:
@@ -753,7 +745,7 @@ class QueueModule:
         if mt.type not in TIMED:
             raise proc_error(f"{mt.type} queue does not support touch")
         delta_us = None if number > MAX_TIMEOUT else int(number * US)
-        return self.engine.prolong(mt.space_id, key, delta_us).map(self._answered())
+        return self.engine.prolong(mt.space_id, key, delta_us).map(_answered_any)
 
     async def _truncate(self, name: str, ctx: CallContext) -> list[Any]:
         mt = self._tube(name)
@@ -808,6 +800,91 @@ class QueueModule:
         for entry in [n for n in self._entries if n.startswith(f"{PREFIX}{name}:")]:
             del self._entries[entry]
         return [True]
+
+
+# -- the module's task, from a stored task tuple ------------------------------------------------
+
+_PACKED_LETTER = cython.declare(dict, {status: pack(letter) for status, letter in STATUS.items()})
+_LETTER_OF_PACKED = cython.declare(dict, _PACKED_STATUS)
+_DATA_AT = cython.declare(cython.Py_ssize_t, TUBE_LAYOUT.data_at)  # the first data field
+
+
+@cython.locals(count=cython.Py_ssize_t, first=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t,
+               i=cython.Py_ssize_t, id_end=cython.Py_ssize_t, status_at=cython.Py_ssize_t,
+               status_end=cython.Py_ssize_t, data=cython.Py_ssize_t, data_end=cython.Py_ssize_t)
+def module_task(raw: bytes, status: str | None = None) -> Raw:
+    """The module's task ``[id, status letter, data]`` from a stored task tuple: its first data
+    field (a task put by box.queue may have several, or none); ``status``: the letter of that
+    status, not the stored one. One walk over the tuple's bytes, checked to its end as
+    :func:`msgpack_scan.fields_at` checks them; only a status no letter stands for is decoded."""
+    count, first = msgpack_scan.array_start(raw)
+    if count < 3:
+        raise ValueError("not a msgpack array of a task's fields")
+    end = len(raw)
+    p = first
+    id_end = status_at = status_end = data = data_end = end
+    for i in range(count):
+        if i == 1:
+            id_end = p
+        elif i == 2:
+            status_at = p
+        elif i == 3:
+            status_end = p
+        elif i == _DATA_AT:
+            data = p
+        elif i == _DATA_AT + 1:
+            data_end = p
+        p = msgpack_scan.skip(raw, p, end)
+        if p < 0:
+            raise ValueError("a malformed msgpack array")
+    if p != end:
+        raise ValueError("bytes after the msgpack array")
+    letter = _PACKED_LETTER[status] if status is not None else _LETTER_OF_PACKED[raw[status_at:status_end]]
+    return Raw(b"".join((b"\x93", _module_id(raw[first:id_end]), letter,
+                         raw[data:data_end] if data < end else b"\xc0")))
+
+
+_SMALL_UINTS = cython.declare(tuple, tuple(bytes((n,)) for n in range(0x80)))
+
+
+@cython.locals(head=cython.int, size=cython.Py_ssize_t, i=cython.Py_ssize_t, digit=cython.int,
+               n=cython.ulonglong)
+def _module_id(packed: bytes) -> bytes:
+    """A stored task id (text) as the module's id: the number its digits write (the engine numbers
+    the module's tasks), else the text as it is (a task another API put with an id of its own)."""
+    head = packed[0]
+    size = len(packed) - 1
+    if 0xA1 <= head <= 0xBF and size == head - 0xA0 and size <= 19:  # a short string: digits?
+        n = 0
+        for i in range(1, size + 1):
+            digit = packed[i] - 0x30
+            if digit < 0 or digit > 9:
+                break
+            n = n * 10 + digit
+        else:  # every byte a digit: the number (19 digits fit in 64 bits)
+            if n < 0x80:
+                return _SMALL_UINTS[n]
+            if n <= 0xFF:
+                return b"\xcc" + bytes((n,))
+            if n <= 0xFFFF:
+                return b"\xcd" + int(n).to_bytes(2, "big")
+            if n <= 0xFFFFFFFF:
+                return b"\xce" + int(n).to_bytes(4, "big")
+            return b"\xcf" + int(n).to_bytes(8, "big")
+    task_id = unpack(packed)
+    return pack(int(task_id) if task_id.isascii() and task_id.isdigit() else task_id)
+
+
+def _answered_any(raw: bytes) -> list[Any]:
+    return [module_task(raw)]
+
+
+def _answered_done(raw: bytes) -> list[Any]:
+    return [module_task(raw, DONE)]
+
+
+def _taken(raw: bytes | None) -> list[Any]:
+    return [] if raw is None else [module_task(raw)]
 
 
 def _lua_string(value: bytes) -> Raw:
