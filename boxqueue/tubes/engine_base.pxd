@@ -41,6 +41,7 @@ cdef class EngineBase:
     # overridable, from Python).
     cpdef QueueSpace queue_space(self, object space_id)
     cpdef Tube _tube(self, object queue_space, object name)
+    cpdef Tube existing_tube(self, object space_id, object name)
     cpdef tuple find(self, object space_id, object task_id)
     cpdef tuple owned(self, object space_id, object task_id, object consumer, object verb)
     cpdef _add(self, Tube tube, Task task)

@@ -130,10 +130,9 @@ class QueueSession:
         self.expires: float | None = None  # trio time, while it has no connection
 
 
+@cython.cclass
 class ModuleTube:
     """What the module keeps of a tube in ``_queue``: its type and its defaults (seconds)."""
-
-    __slots__ = ("name", "type", "space_id", "ttl", "ttr", "pri", "capacity")
 
     def __init__(self, name: str, space_id: int, options: dict[str, Any]) -> None:
         self.name = name
@@ -185,8 +184,10 @@ def _number_option(opts: dict[str, Any], name: str) -> Any:
     return number
 
 
+@cython.cclass
 class QueueModule:
-    """The procedures, bound to one engine (and to box.queue's, which shares its sessions)."""
+    """The procedures, bound to one engine (and to box.queue's, which shares its sessions). An
+    extension type (``queue_module.pxd``): its calls on every task are C calls."""
 
     def __init__(self, engine: QueueEngine, box_queue: BoxQueue, grant: Grant | None = None,
                  task_changed: TaskChanged | None = None) -> None:
@@ -477,30 +478,20 @@ class QueueModule:
 
         return answered
 
-    @staticmethod
-    def _key(task_id: Any, part: int) -> str:
-        """A task id as the engine stores it; what the module's unsigned index would refuse is
-        refused with its error."""
-        if type(task_id) is int and task_id >= 0:
-            return str(task_id)
-        if type(task_id) is float and task_id >= 0 and task_id == int(task_id):
-            return str(int(task_id))
-        raise BoxError(ER.KEY_PART_TYPE, part, "unsigned")
-
     def _stored_task(self, mt: ModuleTube, key: str) -> Task | None:
         tube = self.engine.existing_tube(mt.space_id, mt.name)
         return None if tube is None else tube.tasks.get(key)
 
     def _task(self, mt: ModuleTube, task_id: Any) -> Task:
         """The task, else the module's peek error."""
-        task = self._stored_task(mt, self._key(task_id, 0))
+        task = self._stored_task(mt, _task_key(task_id, 0))
         if task is None:
             raise proc_error(f"Task {_lua_tostring(task_id)} not found")
         return task
 
     def _check_taken(self, mt: ModuleTube, task_id: Any, ctx: CallContext) -> Task:
         """The task, taken by the caller's queue session, else the module's error."""
-        task = self._stored_task(mt, self._key(task_id, 1))
+        task = self._stored_task(mt, _task_key(task_id, 1))
         session = self._of_connection.get(ctx.session_id)
         if task is None or task.status != TAKEN or session is None or task.cid != session.id:
             raise proc_error("Task was not taken")
@@ -885,6 +876,16 @@ def _answered_done(raw: bytes) -> list[Any]:
 
 def _taken(raw: bytes | None) -> list[Any]:
     return [] if raw is None else [module_task(raw)]
+
+
+def _task_key(task_id: Any, part: int) -> str:
+    """A task id as the engine stores it; what the module's unsigned index would refuse is
+    refused with its error."""
+    if type(task_id) is int and task_id >= 0:
+        return str(task_id)
+    if type(task_id) is float and task_id >= 0 and task_id == int(task_id):
+        return str(int(task_id))
+    raise BoxError(ER.KEY_PART_TYPE, part, "unsigned")
 
 
 def _lua_string(value: bytes) -> Raw:
