@@ -81,6 +81,7 @@ MAX_HEADER_BLOCK = 65536  # a head's encoded bytes, over its frames
 MAX_CONTINUATIONS = 64  # a head's CONTINUATION frames (an empty one adds no bytes but costs a frame)
 RESET_BURST, RESET_RATE = 256, 64.0  # streams reset at once, then a second, before ENHANCE_YOUR_CALM
 IDLE_FRAME_BURST, IDLE_FRAME_RATE = 1000, 200.0  # frames that carry no work, at once, then a second
+DECODED_KEPT = 32  # blocks of indexed fields kept decoded (see ServerCodec._decode)
 RESET_REMEMBERED = 256  # the streams we reset last, whose late frames are ignored
 TABLE_SIZE_ZERO = b"\x20"  # an HPACK dynamic table size update to 0 (RFC 7541 6.3)
 
@@ -203,6 +204,22 @@ class _Stream:
         self.local_closed = False
 
 
+def _indexed_only(block: bytes) -> bool:
+    """Whether the HPACK block is indexed fields only (RFC 7541 6.1: a first byte with its top
+    bit set, then the index's continuation bytes when its 7-bit prefix is full)."""
+    i, n = 0, len(block)
+    while i < n:
+        first = block[i]
+        if not first & 0x80:
+            return False
+        i += 1
+        if first & 0x7F == 0x7F:  # the index goes on while the top bit is set
+            while i < n and block[i] & 0x80:
+                i += 1
+            i += 1
+    return i == n
+
+
 class ServerCodec:
     """One connection's HTTP/2 state, server side."""
 
@@ -223,6 +240,7 @@ class ServerCodec:
         self._head: tuple[int, int, bytearray] | None = None  # a head awaiting its CONTINUATION frames
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = max_header_list
+        self._decoded: dict[bytes, list[Any]] = {}  # see _decode
         self._events: list[Any] = []
         self._window_event = False
         self._continuations = 0
@@ -425,9 +443,27 @@ class ServerCodec:
             self._head = None
             self._head_done(stream, bool(head[1] & END_STREAM), bytes(head[2]))
 
+    def _decode(self, block: bytes) -> list[Any]:
+        """A head's fields. A block of indexed fields only (what a client sends for a head it
+        sent before: every field in the dynamic table by then) changes no table, so while the
+        table stays as it is the block means what it meant: its fields are kept (at most
+        DECODED_KEPT blocks) and any other block, which may change the table, forgets them."""
+        kept = self._decoded
+        headers = kept.get(block)
+        if headers is not None:
+            return list(headers)
+        headers = self._decoder.decode(block, raw=True)
+        if _indexed_only(block):
+            if len(kept) >= DECODED_KEPT:
+                kept.clear()
+            kept[block] = list(headers)
+        elif kept:
+            kept.clear()
+        return headers
+
     def _head_done(self, stream: int, ended: bool, block: bytes) -> None:
         try:  # always decoded: the dynamic table must follow the client's
-            headers = self._decoder.decode(block, raw=True)
+            headers = self._decode(block)
         except hpack.exceptions.OversizedHeaderListError:
             self._fail(ENHANCE_YOUR_CALM, "a head over the header list size")
             return

@@ -90,6 +90,31 @@ def test_heads_keep_the_clients_dynamic_table_in_step():
         assert (b"x-request", f"r{n}".encode()) in event[2] and (b"authorization", b"Bearer t") in event[2]
 
 
+def test_a_repeated_head_means_what_the_dynamic_table_says_now():
+    """A head of indexed fields only is kept decoded while the table stays the same; a head that
+    adds to the table shifts every index, and the same bytes then mean other fields."""
+    server = ServerCodec()
+    server.receive(PREFACE + frame(4, 0, 0))
+    encoder, reference = hpack.Encoder(), hpack.Decoder()
+    first = encoder.encode([*HEAD, ("x-a", "1")])
+    repeated = encoder.encode([*HEAD, ("x-a", "1")])  # every field in the table by now: indexed only
+    assert all(b & 0x80 for b in repeated)
+    for stream in (1, 3, 5):
+        block = first if stream == 1 else repeated
+        (event,) = server.receive(frame(F_HEADERS, 0x5, stream, block))
+        assert event[0] == REQUEST and (b"x-a", b"1") in event[2] and (b":path", b"/t.T/Echo") in event[2]
+    for block in (first, repeated):
+        reference.decode(block, raw=True)
+    adding = encoder.encode([*HEAD, ("x-a", "2")])  # a new entry: the older ones move up one index
+    (event,) = server.receive(frame(F_HEADERS, 0x5, 7, adding))
+    assert (b"x-a", b"2") in event[2]
+    reference.decode(adding, raw=True)
+    now = reference.decode(repeated, raw=True)
+    assert (b":path", b"/t.T/Echo") not in now  # (the shifted indices no longer reach it)
+    events = server.receive(frame(F_HEADERS, 0x5, 9, repeated))
+    assert not [e for e in events if e[0] == REQUEST], "the head was answered from what it meant before"
+
+
 def test_ping_settings_and_windows():
     p = Pair()
     p.client.ping(b"12345678")
