@@ -449,10 +449,10 @@ class ServerCodec:
         table stays as it is the block means what it meant: its fields are kept (at most
         DECODED_KEPT blocks) and any other block, which may change the table, forgets them."""
         kept = self._decoded
-        headers = kept.get(block)
-        if headers is not None:
-            return list(headers)
-        headers = self._decoder.decode(block, raw=True)
+        known = kept.get(block)
+        if known is not None:
+            return list(known)
+        headers = list(self._decoder.decode(block, raw=True))
         if _indexed_only(block):
             if len(kept) >= DECODED_KEPT:
                 kept.clear()
