@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue | module
+    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue | module | put_many
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -21,8 +21,8 @@ from typing import Any
 import callgrind
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "module", "queue_stats",
-            "server_call")
+REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "module", "put_many",
+            "queue_stats", "server_call")
 
 
 def workload(count: int, what: str) -> None:
@@ -55,7 +55,7 @@ def workload(count: int, what: str) -> None:
         "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
         "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
-    if what in ("queue", "module", "queue_stats", "server_call"):
+    if what in ("queue", "module", "put_many", "queue_stats", "server_call"):
         queue_workload(count, what)
         return
     header, body = bodies[what]
@@ -114,6 +114,7 @@ def workload(count: int, what: str) -> None:
 
 
 QUEUE_ROUND = 100
+PUT_MANY_ROWS = 1000
 
 
 def queue_workload(count: int, what: str = "queue") -> None:
@@ -122,6 +123,8 @@ def queue_workload(count: int, what: str = "queue") -> None:
     connection handles them: bytes at once, a later reply, or a coroutine run as a task.
     ``module``: the same through tarantool/queue's calls on a ``fifottl`` tube (queue.tube.bench:put,
     take and ack);
+    ``put_many``: ``count`` tasks put into the box.queue space by boxqueue.put_many, PUT_MANY_ROWS a
+    call (as the Spark tube writer puts them), none taken;
     ``queue_stats``: ``count`` CALLs of box.queue.statistics on the same server with no tasks;
     ``server_call``: ``count`` CALLs of box.session.id there, the plain call to compare it with."""
     sys.path.insert(0, str(ROOT))
@@ -195,6 +198,14 @@ def queue_workload(count: int, what: str = "queue") -> None:
                     taken = await round_of([frame(i, "queue.tube.bench:take", [0]) for i in range(n)])
                     ids = _task_ids(taken)
                     await round_of([frame(i, "queue.tube.bench:ack", [task_id]) for i, task_id in enumerate(ids)])
+                server.stop()
+                return
+            if what == "put_many":
+                row = [0, 0, 0, 0, data]
+                for first in range(0, count, PUT_MANY_ROWS):
+                    n = min(PUT_MANY_ROWS, count - first)
+                    (answer,) = await round_of([frame(first, "boxqueue.put_many", [0, "bench", [row] * n])])
+                    _check_answer(answer)  # (an unpacker a call: 40 instructions a task)
                 server.stop()
                 return
             if what != "queue":
@@ -280,7 +291,8 @@ def main() -> int:
         return 1
     for what in args.what:
         per_request = (instructions(args.count, what) - instructions(0, what)) / args.count
-        unit = "instructions/task (put, take, ack)" if what in ("queue", "module") else "instructions/request"
+        unit = ("instructions/task (put, take, ack)" if what in ("queue", "module") else
+                "instructions/task (put)" if what == "put_many" else "instructions/request")
         print(f"{what:8s} {per_request:9,.0f} {unit}")
     return 0
 

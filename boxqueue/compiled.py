@@ -56,6 +56,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "boxqueue.tubes.tube_records",
     "boxqueue.tubes.numbers",
     "boxqueue.tubes.queue_module",
+    "boxqueue.tubes.stream_procedures",
+    "boxqueue.tubes.streams",
     "boxqueue.lua_box.values",
     "boxqueue.lua_box.engine",
 )

@@ -148,6 +148,9 @@ class EngineBase:
         def tail(self, queue_space: QueueSpace, data: list[Any],
                  attachments: dict[str, Any] | None = None) -> Tail: ...
 
+        def tail_values(self, queue_space: QueueSpace, data: list[Any],
+                        attachments: dict[str, Any] | None = None) -> list[Any]: ...
+
         def free_tasks(self, tube: Tube, limit: int, low: float = ..., high: float = ...) -> list[Task]: ...
 
         def _adopt(
@@ -501,14 +504,15 @@ class EngineBase:
         *,
         changes: Iterable[tuple[Task, Mutate, Tail | None]] = (),
         deletes: Iterable[Task] = (),
-        inserts: Iterable[tuple[Task, Tail]] = (),
+        inserts: Iterable[tuple[Task, Tail | list[Any]]] = (),
         records: Iterable[Callable[[lmdb.Transaction], Any]] = (),
         counters: Iterable[str] = (),
         undo_extra: Callable[[], None] | None = None,
         expiring: bool = False,
     ) -> Later[list[bytes | None]]:
         """Several changes of one tube as one write (one commit): ``changes`` and ``deletes``
-        happen in memory now, ``inserts`` once durable; ``records`` are written with them. The
+        happen in memory now, ``inserts`` once durable (each with its fields past the header,
+        packed or as a list of values); ``records`` are written with them. The
         Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
         the deletes are tasks whose ttl ended."""
         space, layout = queue_space.space, queue_space.layout
@@ -530,9 +534,14 @@ class EngineBase:
             self._remove(tube, task)
             writes.append(space.prepare_delete(0, layout.key(task)))
         new = list(inserts)
-        for task, (count, tail_raw) in new:
-            raw = encode_task(task.header(), count, tail_raw)
-            writes.append(space.prepare_put(raw, decode_tuple(raw), REPLACE))
+        for task, past_header in new:
+            if isinstance(past_header, list):  # as values: packed once with the header, not decoded
+                fields = task.header() + past_header
+                raw = pack(fields)
+            else:
+                raw = encode_task(task.header(), past_header[0], past_header[1])
+                fields = decode_tuple(raw)
+            writes.append(space.prepare_put(raw, fields, REPLACE))
         writes.extend(records)
         if new:
             tube.pending += 1

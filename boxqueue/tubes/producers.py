@@ -77,6 +77,12 @@ class Producers(EngineBase):
             return pack_tail(len(data) + 1, [attachments or {}, *data])
         return pack_tail(len(data), data)
 
+    def tail_values(self, queue_space: QueueSpace, data: list[Any], attachments: dict[str, Any] | None = None) -> list[Any]:
+        """:meth:`tail` as values, for an insert (packed with its header in one go)."""
+        if queue_space.layout is TUBE_LAYOUT:
+            return [attachments or {}, *data]
+        return list(data)
+
     def put(
         self,
         space_id: int,
@@ -106,7 +112,7 @@ class Producers(EngineBase):
                              attrs=attrs)
         if not records:
             return self._put_one(queue_space, tube, task, data, counter)
-        later = self._batch(queue_space, tube, inserts=[(task, self.tail(queue_space, data))], records=records)
+        later = self._batch(queue_space, tube, inserts=[(task, self.tail_values(queue_space, data))], records=records)
         return later.map(lambda results: counted(tube, counter, results[0], options))
 
     def _put_one(self, queue_space: QueueSpace, tube: Tube, task: Task, data: list[Any], counter: str | None) -> Later[bytes]:
@@ -151,7 +157,7 @@ class Producers(EngineBase):
         records, options = self._adopt(queue_space, tube, kind)
         ipri, pri = tube.kind.put_order(0, None)
         tasks = [self.new_task(queue_space, tube, ttl=ttl, ipri=ipri, pri=pri, attrs=attrs) for ttl, _d, attrs in items]
-        inserts = [(task, self.tail(queue_space, data)) for task, (_t, data, _a) in zip(tasks, items, strict=True)]
+        inserts = [(task, self.tail_values(queue_space, data)) for task, (_t, data, _a) in zip(tasks, items, strict=True)]
         later = self._batch(queue_space, tube, inserts=inserts, records=records)
         return later.map(lambda _results: counted(tube, None, tasks, options))
 

@@ -166,7 +166,7 @@ class Streams(Monitors):
             for delay, ttl, ttr, pri, data in items:
                 ipri, stored_pri = tube.kind.put_order(pri, None)
                 task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri, pri=stored_pri)
-                inserts.append((task, self.tail(queue_space, data)))
+                inserts.append((task, self.tail_values(queue_space, data)))
         finally:
             tube.pending -= 1
         if mark is not None:
