@@ -91,7 +91,10 @@ def test_a_named_claim_on_a_box_queue_tube_survives_restarts_and_its_ack_deletes
     server.kill()
     server.start()
     conn = connect(server)
-    assert statuses(conn, "events")["total"] == 5  # the ack is durable: nothing came back
+    # The ack is durable: nothing came back. (Counted in the space, not by statistics: whether the
+    # closed session's take was released before the kill or by the restart decides which counter
+    # moved, and a restart after the release lists the tube with no counters at all.)
+    assert len([t for t in conn.select(0, []) if t[1] == "events"]) == 5
     conn.close()
 
 
