@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue | module | put_many
+    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue | module | put_many | stream
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -22,10 +22,10 @@ import callgrind
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "module", "put_many",
-            "queue_stats", "server_call")
+            "stream", "queue_stats", "server_call")
 
 
-def workload(count: int, what: str) -> None:
+def workload(count: int, what: str, pool: int = 0) -> None:
     """Decode and handle ``count`` requests of one kind against a fresh in-process catalogue."""
     sys.path.insert(0, str(ROOT))
     import msgpack
@@ -55,8 +55,8 @@ def workload(count: int, what: str) -> None:
         "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
         "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
-    if what in ("queue", "module", "put_many", "queue_stats", "server_call"):
-        queue_workload(count, what)
+    if what in ("queue", "module", "put_many", "stream", "queue_stats", "server_call"):
+        queue_workload(count, what, pool)
         return
     header, body = bodies[what]
     payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
@@ -117,7 +117,7 @@ QUEUE_ROUND = 100
 PUT_MANY_ROWS = 1000
 
 
-def queue_workload(count: int, what: str = "queue") -> None:
+def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
     """``count`` tasks through box.queue put, take and ack, QUEUE_ROUND tasks per round (each
     round's requests in flight together, as a loaded server sees them); handled as the iproto
     connection handles them: bytes at once, a later reply, or a coroutine run as a task.
@@ -125,6 +125,9 @@ def queue_workload(count: int, what: str = "queue") -> None:
     take and ack);
     ``put_many``: ``count`` tasks put into the box.queue space by boxqueue.put_many, PUT_MANY_ROWS a
     call (as the Spark tube writer puts them), none taken;
+    ``stream``: ``pool`` tasks put the same way in both runs, then the Spark streaming source's
+    calls for ``count`` of them: claims of PUT_MANY_ROWS tasks (boxqueue.stream_claim), each read
+    whole (stream_read) and acked (stream_ack), what a streamed task costs the server;
     ``queue_stats``: ``count`` CALLs of box.queue.statistics on the same server with no tasks;
     ``server_call``: ``count`` CALLs of box.session.id there, the plain call to compare it with."""
     sys.path.insert(0, str(ROOT))
@@ -200,12 +203,24 @@ def queue_workload(count: int, what: str = "queue") -> None:
                     await round_of([frame(i, "queue.tube.bench:ack", [task_id]) for i, task_id in enumerate(ids)])
                 server.stop()
                 return
-            if what == "put_many":
+            if what in ("put_many", "stream"):
                 row = [0, 0, 0, 0, data]
-                for first in range(0, count, PUT_MANY_ROWS):
-                    n = min(PUT_MANY_ROWS, count - first)
+                puts = pool if what == "stream" else count
+                for first in range(0, puts, PUT_MANY_ROWS):
+                    n = min(PUT_MANY_ROWS, puts - first)
                     (answer,) = await round_of([frame(first, "boxqueue.put_many", [0, "bench", [row] * n])])
                     _check_answer(answer)  # (an unpacker a call: 40 instructions a task)
+                if what == "stream":
+                    for first in range(0, count, PUT_MANY_ROWS):
+                        n, claim = min(PUT_MANY_ROWS, count - first), f"bench.{first}"
+                        for name, args in (("boxqueue.stream_claim", [0, "bench", claim, n, 60]),
+                                           ("boxqueue.stream_read", [0, "bench", claim, 0, n]),
+                                           ("boxqueue.stream_ack", [0, "bench", [claim]])):
+                            (answer,) = await round_of([frame(first, name, args)])
+                            data = _check_answer(answer)
+                            got = len(data[2]) if name == "boxqueue.stream_read" else data[0]
+                            if got != n:
+                                raise RuntimeError(f"{name} answered for {got} tasks, not {n}")
                 server.stop()
                 return
             if what != "queue":
@@ -228,8 +243,8 @@ def queue_workload(count: int, what: str = "queue") -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _check_answer(answer: bytes) -> None:
-    """The workload measures the successful path: stop on an error answer."""
+def _check_answer(answer: bytes) -> Any:
+    """The workload measures the successful path: stop on an error answer, else its data."""
     import msgpack
 
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
@@ -238,6 +253,7 @@ def _check_answer(answer: bytes) -> None:
     header = unpacker.unpack()
     if header[0] != 0:
         raise RuntimeError(f"the request failed: {unpacker.unpack()}")
+    return unpacker.unpack()[0x30]
 
 
 def _packets(data: bytes | bytearray) -> list[bytes]:
@@ -269,8 +285,8 @@ def _task_ids(answers: list[bytes]) -> list[str]:
     return ids
 
 
-def instructions(count: int, what: str) -> int:
-    return callgrind.instructions(__file__, ["--run", str(count), what])
+def instructions(count: int, what: str, pool: int = 0) -> int:
+    return callgrind.instructions(__file__, ["--run", str(count), "--pool", str(pool), what])
 
 
 def main() -> int:
@@ -278,21 +294,24 @@ def main() -> int:
     parser.add_argument("what", nargs="*", help=f"any of {', '.join(REQUESTS)} (default: all)")
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--pool", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     unknown = set(args.what) - set(REQUESTS)
     if unknown:
         parser.error(f"unknown request kinds: {', '.join(sorted(unknown))}")
     args.what = args.what or list(REQUESTS)
     if args.run is not None:
-        workload(args.run, args.what[0])
+        workload(args.run, args.what[0], args.pool)
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed", file=sys.stderr)
         return 1
     for what in args.what:
-        per_request = (instructions(args.count, what) - instructions(0, what)) / args.count
+        pool = args.count if what == "stream" else 0  # the same tasks put in both runs
+        per_request = (instructions(args.count, what, pool) - instructions(0, what, pool)) / args.count
         unit = ("instructions/task (put, take, ack)" if what in ("queue", "module") else
-                "instructions/task (put)" if what == "put_many" else "instructions/request")
+                "instructions/task (put)" if what == "put_many" else
+                "instructions/task (claim, read, ack)" if what == "stream" else "instructions/request")
         print(f"{what:8s} {per_request:9,.0f} {unit}")
     return 0
 
