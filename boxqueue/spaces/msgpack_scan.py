@@ -121,6 +121,42 @@ def fields_at(buf: bytes, upto: cython.Py_ssize_t) -> tuple[int, list[int]]:
     return count, offsets
 
 
+_FIX_ARRAYS = tuple(bytes([0x90 | n]) for n in range(16))
+
+
+@cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
+               at=cython.Py_ssize_t, items=cython.Py_ssize_t, start=cython.Py_ssize_t, total=cython.Py_ssize_t)
+def head_replaced(buf: bytes, upto: cython.Py_ssize_t, head: bytes) -> tuple[int, bytes]:
+    """The msgpack array in ``buf`` (all of it, checked to its end) with its first ``upto`` items
+    replaced by those of the array ``head`` (``upto`` items): the item count of ``buf`` and the new
+    array, which has ``upto`` items if ``buf`` had fewer. The items kept are copied as bytes, not
+    decoded (a task's header rewrite). ValueError when either is not one well-formed array."""
+    count, p = array_start(buf)
+    items, start = array_start(head)
+    if count < 0 or items != upto:
+        raise ValueError("not a msgpack array" if count < 0 else "a head of another length")
+    end = len(buf)
+    at = end
+    for i in range(count):
+        if i == upto:
+            at = p
+        p = skip(buf, p, end)
+        if p < 0:
+            raise ValueError("a malformed msgpack array")
+    if p != end:
+        raise ValueError("bytes after the msgpack array")
+    if count <= upto:
+        return count, head
+    total = count
+    if total < 16:
+        header = _FIX_ARRAYS[total]
+    elif total < 0x10000:
+        header = b"\xdc" + total.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + total.to_bytes(4, "big")
+    return count, b"".join((header, head[start:], buf[at:]))
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, q=cython.Py_ssize_t, end=cython.Py_ssize_t,

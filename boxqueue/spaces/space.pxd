@@ -1,6 +1,7 @@
 # C declarations of space.py for Cython (compiled from its .py; see boxqueue/compiled.py).
 
 cimport boxqueue.storage.keys as keys
+from boxqueue.spaces cimport msgpack_scan
 cdef class Index:
     cdef public object defn
     cdef public object space

@@ -32,6 +32,25 @@ def test_offsets_are_where_each_item_starts(items, upto):
         assert offsets[count:] == [len(raw)] * (upto + 1 - count)
 
 
+@given(st.lists(values, max_size=40), st.lists(values, max_size=20), st.sampled_from([0, 5, 20000, 70000]))
+def test_a_replaced_head_decodes_as_the_head_then_the_kept_items(items, head, padding):
+    """A task's header rewrite: the stored array with its first items replaced, the others kept as
+    bytes; ``padding`` items more cross the 16-bit and 32-bit array header widths."""
+    items = items + [None] * padding
+    raw = msgpack.packb(items, use_bin_type=True)
+    count, new_raw = msgpack_scan.head_replaced(raw, len(head), msgpack.packb(head, use_bin_type=True))
+    assert count == len(items)
+    assert unpack(new_raw) == head + items[len(head):]
+
+
+def test_a_replaced_head_needs_two_whole_arrays():
+    with pytest.raises(ValueError, match="another length"):
+        msgpack_scan.head_replaced(msgpack.packb([1, 2, 3]), 2, msgpack.packb([1]))
+    for raw in (msgpack.packb({1: 2}), msgpack.packb([1, 2])[:-1], msgpack.packb([1, 2]) + b"\x01"):
+        with pytest.raises(ValueError):
+            msgpack_scan.head_replaced(raw, 1, msgpack.packb([9]))
+
+
 @given(st.lists(values, max_size=20), st.integers(0, 25))
 def test_leading_items_decode_as_msgpack_does(items, upto):
     """Recovery's header decoding: integers of every width, strings of every width, and what it
