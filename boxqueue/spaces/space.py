@@ -560,7 +560,12 @@ class Space:
                 pk = keys.encode(self._primary().key_of(fields))
                 for entry_index, stored, _unique in self._entries(fields, pk):
                     txn.delete(stored, db=entry_index.db)
-            else:  # the primary key's entry alone: the tuple is not decoded
+            elif index.iid == 0:  # the primary entry alone, found and deleted in one search
+                pk_stored = keys.stored_form(encoded)
+                raw = txn.pop(pk_stored, db=self._primary().db)
+                if raw is None:
+                    return None
+            else:  # the primary entry alone, found through this index's
                 located = self._locate(txn, index, encoded)
                 if located is None:
                     return None

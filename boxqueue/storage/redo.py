@@ -118,7 +118,10 @@ class RedoTxn:
         return False
 
     def pop(self, key: bytes, db: Any = None) -> bytes | None:
-        name = self._name(db)
+        try:  # inlined _name: an engine's delete by primary key comes here
+            name = self._names[db]
+        except KeyError:
+            name = self._name(db)
         old = self.txn.pop(key, db)
         if old is not None:
             self.ops += (DELETE, name, key, None)
