@@ -13,6 +13,7 @@ import statistics as stats_lib
 import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -126,6 +127,20 @@ def test_the_tested_queue_space_is_the_shipped_one():
     shipped = tomllib.loads((ROOT / "conf" / "boxqueue.toml").read_text())
     (space0,) = [s for s in shipped["space"] if s["id"] == 0]
     assert space0 == tomllib.loads(QUEUE_SPACE_0)["space"][0]
+
+
+def test_task_ids_are_version_7_uuids_in_creation_order(q, tube):
+    """Ids keep 1.5's shape (32 lowercase hex digits) and are ordered by creation time (RFC 9562's
+    version 7): the tasks a batch touches sit together in the primary B-tree."""
+    ids = []
+    for i in range(5):
+        ids.append(q.task("put", 0, tube, 0, 0, 0, 0, f"task-{i}")[0])
+        time.sleep(0.002)  # another millisecond: the order is the time's, not chance's
+    assert all(re.fullmatch("[0-9a-f]{32}", task_id) for task_id in ids)
+    assert all(uuid.UUID(task_id).version == 7 and uuid.UUID(task_id).variant == uuid.RFC_4122 for task_id in ids)
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    now_ms = time.time() * 1000
+    assert all(now_ms - 5000 < int(task_id[:12], 16) <= now_ms + 1 for task_id in ids)
 
 
 def test_put_returns_the_task_and_select_shows_the_spec_layout(q, tube):
