@@ -72,7 +72,10 @@ RECORD_KEYS = {
     SINK_MARKS: [[0, "string"], [1, "unsigned"], [2, "unsigned"], [3, "unsigned"], [4, "unsigned"]],
 }
 
-_UUID7_MARKS = (0x7 << 76) | (0x2 << 62)  # the version (7) and variant (RFC 9562) bits
+# A version 7 id's marks (RFC 9562): its version in the high half, its variant in the low one.
+_UUID7_VERSION = cython.declare(cython.ulonglong, 0x7 << 12)
+_UUID7_VARIANT = cython.declare(cython.ulonglong, 0x2 << 62)
+_HEX_DIGITS = cython.declare(bytes, b"0123456789abcdef")
 
 Mutate = tr.Mutate
 Tail = tuple[int, bytes]  # fields past the header, as msgpack: how many, and their bytes
@@ -375,7 +378,8 @@ class EngineBase:
         self._last_created = created
         return created
 
-    def new_id(self) -> str:
+    @cython.locals(us=cython.longlong, high=cython.ulonglong, low=cython.ulonglong, i=cython.int, out=bytearray)
+    def new_id(self, created: int | None = None) -> str:
         """32 lowercase hex digits of a version 7 UUID (RFC 9562): the time in milliseconds, the
         microseconds within it (the 12 bits RFC 9562 leaves to sub-millisecond order), 62 random
         bits. The shape 1.5's ``uuid_hex`` gave (its ids were version 4, all random), so clients
@@ -383,10 +387,20 @@ class EngineBase:
         batch puts, takes or acks together sit together in LMDB's primary B-tree. Random ids
         spread a claim of 25,000 tasks over most of the tree's leaf pages, each one copied and
         written again at commit: the streaming source ran some 1.4x faster with these ids
-        (bench/stream_phases.py, docs/performance.md 2026-11-29)."""
-        us = now_us()
-        bits = ((us // 1000) << 80) | ((us % 1000) << 64) | _UUID7_MARKS | self._random.getrandbits(62)
-        return hex(bits)[2:].zfill(32)  # (an f-string's format spec cost thousands of instructions)  # (an f-string's format spec cost thousands of instructions)
+        (bench/stream_phases.py, docs/performance.md 2026-11-29). ``created``: the task's creation
+        time in microseconds, if known."""
+        us = now_us() if created is None else created
+        # Two 64-bit halves written as hex digits here: as one 128-bit Python int, with hex() and
+        # zfill, an id took some 4,000 instructions.
+        high = ((us // 1000) << 16) | _UUID7_VERSION | (us % 1000)
+        low = _UUID7_VARIANT | self._random.getrandbits(62)
+        out = bytearray(32)
+        for i in range(16):
+            out[15 - i] = _HEX_DIGITS[high & 0xF]
+            out[31 - i] = _HEX_DIGITS[low & 0xF]
+            high >>= 4
+            low >>= 4
+        return out.decode("ascii")
 
     def _forget_if_unused(self, tube: Tube) -> None:
         """Forget a tube memory need not keep; a record that only named its kind goes too.

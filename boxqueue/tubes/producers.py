@@ -65,7 +65,7 @@ class Producers(EngineBase):
         if queue_space.layout is TUBE_LAYOUT and attrs is None:
             attrs = {}
         if task_id is None:
-            task_id = tube.next_number() if kind.numbered else self.new_id()
+            task_id = tube.next_number() if kind.numbered else self.new_id(created)
         return Task(
             task_id, tube.name, status, event, ipri, pri, 0, created,
             life, kind.default_ttr if ttr is None else ttr, 0, 0, attrs,
