@@ -50,7 +50,7 @@ cdef class EngineBase:
     cpdef _enter(self, Tube tube, Task task)
     cpdef _leave(self, Tube tube, Task task)
     cpdef object _next_created(self)
-    cpdef str new_id(self, object created=*)
+    cpdef str new_id(self, object created)
     cpdef _delete(self, object queue_space, Tube tube, Task task, tuple counters=*)
     cpdef _place_inserted(self, object queue_space, Tube tube, list inserted)
     cpdef _tally(self, Tube tube, object old, object new, bint expired=*)

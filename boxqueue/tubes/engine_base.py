@@ -27,7 +27,7 @@ from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.later import Later
 from boxqueue.spaces.msgpack_values import pack
 from boxqueue.spaces.ownership import Owner
-from boxqueue.spaces.space import REPLACE, Space, decode_tuple
+from boxqueue.spaces.space import REPLACE, Space
 from boxqueue.tubes.kinds import BOX_QUEUE_KIND, TubeKind
 from boxqueue.tubes.task import (
     QUEUE15,
@@ -379,7 +379,7 @@ class EngineBase:
         return created
 
     @cython.locals(us=cython.longlong, high=cython.ulonglong, low=cython.ulonglong, i=cython.int, out=bytearray)
-    def new_id(self, created: int | None = None) -> str:
+    def new_id(self, created: int) -> str:
         """32 lowercase hex digits of a version 7 UUID (RFC 9562): the time in milliseconds, the
         microseconds within it (the 12 bits RFC 9562 leaves to sub-millisecond order), 62 random
         bits. The shape 1.5's ``uuid_hex`` gave (its ids were version 4, all random), so clients
@@ -388,8 +388,8 @@ class EngineBase:
         spread a claim of 25,000 tasks over most of the tree's leaf pages, each one copied and
         written again at commit: the streaming source ran some 1.4x faster with these ids
         (bench/stream_phases.py, docs/performance.md 2026-11-29). ``created``: the task's creation
-        time in microseconds, if known."""
-        us = now_us() if created is None else created
+        time in microseconds."""
+        us = created
         # Two 64-bit halves written as hex digits here: as one 128-bit Python int, with hex() and
         # zfill, an id took some 4,000 instructions.
         high = ((us // 1000) << 16) | _UUID7_VERSION | (us % 1000)
@@ -524,15 +524,15 @@ class EngineBase:
         *,
         changes: Iterable[tuple[Task, Mutate, Tail | None]] = (),
         deletes: Iterable[Task] = (),
-        inserts: Iterable[tuple[Task, Tail | list[Any]]] = (),
+        inserts: Iterable[tuple[Task, list[Any]]] = (),
         records: Iterable[Callable[[lmdb.Transaction], Any]] = (),
         counters: Iterable[str] = (),
         undo_extra: Callable[[], None] | None = None,
         expiring: bool = False,
     ) -> Later[list[bytes | None]]:
         """Several changes of one tube as one write (one commit): ``changes`` and ``deletes``
-        happen in memory now, ``inserts`` once durable (each with its fields past the header,
-        packed or as a list of values); ``records`` are written with them. The
+        happen in memory now, ``inserts`` once durable (each with the values of its fields past
+        the header); ``records`` are written with them. The
         Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
         the deletes are tasks whose ttl ended."""
         space, layout = queue_space.space, queue_space.layout
@@ -554,14 +554,9 @@ class EngineBase:
             self._remove(tube, task)
             writes.append(space.prepare_delete(0, layout.key(task)))
         new = list(inserts)
-        for task, past_header in new:
-            if isinstance(past_header, list):  # as values: packed once with the header, not decoded
-                fields = task.header() + past_header
-                raw = pack(fields)
-            else:
-                raw = encode_task(task.header(), past_header[0], past_header[1])
-                fields = decode_tuple(raw)
-            writes.append(space.prepare_put(raw, fields, REPLACE))
+        for task, past_header in new:  # packed once with the header, and checked as values
+            fields = task.header() + past_header
+            writes.append(space.prepare_put(pack(fields), fields, REPLACE))
         writes.extend(records)
         if new:
             tube.pending += 1

@@ -73,9 +73,8 @@ class Producers(EngineBase):
 
     def tail(self, queue_space: QueueSpace, data: list[Any], attachments: dict[str, Any] | None = None) -> Tail:
         """The fields past the header: the attachments map in the tube layout, then the data."""
-        if queue_space.layout is TUBE_LAYOUT:
-            return pack_tail(len(data) + 1, [attachments or {}, *data])
-        return pack_tail(len(data), data)
+        values = self.tail_values(queue_space, data, attachments)
+        return pack_tail(len(values), values)
 
     def tail_values(self, queue_space: QueueSpace, data: list[Any], attachments: dict[str, Any] | None = None) -> list[Any]:
         """:meth:`tail` as values, for an insert (packed with its header in one go)."""
@@ -280,15 +279,15 @@ class Producers(EngineBase):
         for tube_name, entries in by_tube.items():
             tube = self._tube(queue_space, tube_name)
             records, options = self._adopt(queue_space, tube, kind)
-            new: dict[str, tuple[Task, Tail]] = {}
+            new: dict[str, tuple[Task, list[Any]]] = {}
             changes: list[tuple[Task, Mutate, Tail | None]] = []
             for task_id, pri, expires, attachments, data in entries:
-                tail = self.tail(queue_space, data, attachments)
+                values = self.tail_values(queue_space, data, attachments)
                 if task_id in new:
                     task = new[task_id][0]
                     task.ttl = tr.life(expires, task.created)
                     task.event = task.created + task.ttl
-                    new[task_id] = (task, tail)
+                    new[task_id] = (task, values)
                     updated += 1
                     continue
                 existing = tube.tasks.get(task_id)
@@ -296,10 +295,10 @@ class Producers(EngineBase):
                     task = self.new_task(queue_space, tube, ipri=MED_PRI, pri=pri, task_id=task_id)
                     task.ttl = tr.life(expires, task.created)
                     task.event = task.created + task.ttl
-                    new[task_id] = (task, tail)
+                    new[task_id] = (task, values)
                     created += 1
                 else:
-                    changes.append((existing, tr.expiring_at(expires), tail))
+                    changes.append((existing, tr.expiring_at(expires), pack_tail(len(values), values)))
                     updated += 1
             later = self._batch(queue_space, tube, changes=changes, inserts=list(new.values()), records=records)
             pending.append((tube, later.map(functools.partial(counted, tube, None, options=options))))
