@@ -3,7 +3,7 @@
 Wall-clock figures on a shared 2-CPU machine vary by 15-30% from run to run; instruction counts
 under valgrind's callgrind do not, so they show whether a change to the request path helped.
 
-    .venv/bin/python bench/handle_cost.py select        # ping | select | call | replace | eval | eval_get | call_lua | queue | module | put_many | stream
+    .venv/bin/python bench/handle_cost.py select        # ping | select | ... | queue | deckard (see REQUESTS)
 
 runs the request path N times in-process under callgrind (twice: 0 and N requests) and prints
 the difference per request. Needs valgrind (Debian's package).
@@ -22,7 +22,7 @@ import callgrind
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = ("ping", "select", "call", "replace", "eval", "eval_get", "call_lua", "queue", "module", "put_many",
-            "stream", "queue_stats", "server_call")
+            "stream", "queue_stats", "server_call", "queue_wire", "deckard")
 
 
 def workload(count: int, what: str, pool: int = 0) -> None:
@@ -55,8 +55,11 @@ def workload(count: int, what: str, pool: int = 0) -> None:
         "eval_get": ({0: codec.EVAL, 1: 1}, {0x27: "return box.space.bench:get(...)", 0x21: [42]}),
         "call_lua": ({0: codec.CALL, 1: 1}, {0x22: "bench_echo", 0x21: [42]}),  # a global Lua function
     }
-    if what in ("queue", "module", "put_many", "stream", "queue_stats", "server_call"):
+    if what in ("queue", "module", "put_many", "stream", "queue_stats", "server_call", "queue_wire"):
         queue_workload(count, what, pool)
+        return
+    if what == "deckard":
+        deckard_workload(count)
         return
     header, body = bodies[what]
     payload = msgpack.packb(header) + (msgpack.packb(body) if body is not None else b"")
@@ -129,7 +132,10 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
     calls for ``count`` of them: claims of PUT_MANY_ROWS tasks (boxqueue.stream_claim), each read
     whole (stream_read) and acked (stream_ack), what a streamed task costs the server;
     ``queue_stats``: ``count`` CALLs of box.queue.statistics on the same server with no tasks;
-    ``server_call``: ``count`` CALLs of box.session.id there, the plain call to compare it with."""
+    ``server_call``: ``count`` CALLs of box.session.id there, the plain call to compare it with;
+    ``queue_wire``: ``queue``'s rounds sent by a client over a real loopback connection to the
+    server's iproto listener, so that the connection's own work (reading, framing, writing) counts,
+    as it does in ``deckard``'s cycle (the figure to compare that one with)."""
     sys.path.insert(0, str(ROOT))
     import functools
 
@@ -149,7 +155,8 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
     workdir = tempfile.mkdtemp(prefix="handle_cost")
     config_path = Path(workdir) / "queue.toml"
     shipped = (ROOT / "conf" / "boxqueue.toml").read_text()
-    config_path.write_text('data_dir = "data"\n[wal]\nmode = "none"\n' + shipped[shipped.index("[[space]]"):shipped.index("[deckard]")])
+    port = _free_port()
+    config_path.write_text(f'data_dir = "data"\n[iproto]\nlisten = "127.0.0.1:{port}"\n[wal]\nmode = "none"\n' + shipped[shipped.index("[[space]]"):shipped.index("[deckard]")])
 
     # One packer for every frame: ``msgpack.packb`` makes a packer a call, and the three a
     # request took cost the harness some 15,000 instructions a task, counted in this benchmark's
@@ -191,6 +198,40 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
                 return _packets(outbox.take())
 
             data = "x" * 64
+            if what == "queue_wire":
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                greeting = b""
+                while len(greeting) < 128:
+                    greeting += await stream.receive_some(128 - len(greeting))
+                buffer = b""
+
+                async def wire_round(frames: list[bytes]) -> list[bytes]:
+                    nonlocal buffer
+                    await stream.send_all(b"".join(frames))
+                    answers: list[bytes] = []
+                    while len(answers) < len(frames):
+                        buffer += await stream.receive_some(1 << 20)
+                        pos = 0
+                        while len(buffer) - pos >= 5:
+                            end = pos + 5 + int.from_bytes(buffer[pos + 1:pos + 5], "big")  # 0xCE length
+                            if end > len(buffer):
+                                break
+                            answers.append(buffer[pos:end])
+                            pos = end
+                        buffer = buffer[pos:]
+                    return answers
+
+                for first in range(0, count + QUEUE_ROUND, QUEUE_ROUND):  # one more round, checked
+                    n = min(QUEUE_ROUND, count - first) if first < count else QUEUE_ROUND
+                    await wire_round([frame(i, "box.queue.put", [0, "bench", 0, 0, 0, 0, data]) for i in range(n)])
+                    ids = _task_ids(await wire_round([frame(i, "box.queue.take", [0, "bench", 0]) for i in range(n)]))
+                    acked = await wire_round([frame(i, "box.queue.ack", [0, task_id]) for i, task_id in enumerate(ids)])
+                    if first >= count:
+                        for answer in acked:
+                            _check_answer(answer)
+                await stream.aclose()
+                server.stop()
+                return
             if what == "module":
                 # Over CALL, create_tube answers that its tube object cannot be encoded, as the
                 # module does on Tarantool: the tube exists all the same.
@@ -241,6 +282,142 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
         trio.run(main)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+DECKARD = "/blipai.deckard.Deckard/"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # a client's, RFC 9113 3.4
+
+
+def _h2_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
+
+
+def _h2_fields(method: str) -> list[tuple[str, str]]:
+    """A gRPC request's head as grpcio's C core sends it (without a deadline)."""
+    return [(":method", "POST"), (":scheme", "http"), (":path", DECKARD + method), (":authority", "127.0.0.1"),
+            ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-accept-encoding", "identity,deflate,gzip"),
+            ("user-agent", "grpc-python/1.66.0 grpc-c/43.0.0 (linux; chttp2)")]
+
+
+def deckard_workload(count: int) -> None:
+    """``count`` Deckard cycles (Add one message, Pull one, Ack it with removeMessage) over a real
+    loopback HTTP/2 connection to the whole server's gRPC door, QUEUE_ROUND calls of a kind in
+    flight together, as ``queue`` runs box.queue's put, take and ack. The client writes prebuilt
+    frames and counts the trailers' END_STREAM flags, so that its own share stays small: a
+    template message with the id's digits replaced, and a head per method encoded once by
+    ``hpack`` (as a real client's encoder does, each field is entered in the dynamic table by the
+    first call and referred to by its index after: a cycle of one message first, in both runs,
+    enters them). One more round, checked (answers decoded, every message added, pulled and
+    acked), runs in both callgrind runs too."""
+    sys.path.insert(0, str(ROOT))
+    import functools
+
+    import hpack
+    import trio
+
+    from boxqueue import process
+    from boxqueue.cli import tune_interpreter
+    from boxqueue.config import load_config
+    from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+    from boxqueue.process import Server
+    from boxqueue.storage.environment import Storage
+
+    process.Storage = functools.partial(Storage, map_size=1 << 28)  # type: ignore[misc]
+    tune_interpreter()
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="handle_cost")
+    config_path = Path(workdir) / "deckard.toml"
+    shipped = (ROOT / "conf" / "boxqueue.toml").read_text()
+    section = shipped[shipped.index("[deckard]"):shipped.index("[zaqar]")].replace("127.0.0.1:8081", f"127.0.0.1:{port}")
+    config_path.write_text('data_dir = "data"\n[wal]\nmode = "none"\n' + shipped[shipped.index("[[space]]"):shipped.index("[deckard]")]
+                           + section)
+
+    queue = "bench"
+    add = pb.AddRequest(messages=[pb.AddMessage(id="m0000000", queue=queue, string_payload="x" * 64)]).SerializeToString()
+    pull = pb.PullRequest(queue=queue, amount=1).SerializeToString()
+    ack = pb.AckRequest(queue=queue, id="m0000000", removeMessage=True).SerializeToString()
+    encoder = hpack.Encoder()
+    heads: dict[str, bytes] = {}
+
+    def message(body: bytes) -> bytes:
+        return b"\0" + len(body).to_bytes(4, "big") + body
+
+    class Client:
+        def __init__(self, stream: trio.SocketStream) -> None:
+            self.stream = stream
+            self.sid = 1
+            self.buffer = b""
+
+        async def round_of(self, method: str, bodies: list[bytes], keep: bool = False) -> list[bytes]:
+            """Sends the calls, waits for all their trailers; the answers' messages when ``keep``."""
+            out = []
+            for body in bodies:
+                head = heads.get(method) or encoder.encode(_h2_fields(method))
+                out.append(_h2_frame(1, 4, self.sid, head) + _h2_frame(0, 1, self.sid, message(body)))
+                self.sid += 2
+            await self.stream.send_all(b"".join(out))
+            ended, answers, buffer = 0, [], self.buffer
+            while ended < len(bodies):
+                buffer += await self.stream.receive_some(1 << 20)
+                pos = 0
+                while len(buffer) - pos >= 9:
+                    end = pos + 9 + int.from_bytes(buffer[pos:pos + 3], "big")
+                    if end > len(buffer):
+                        break
+                    kind, flags = buffer[pos + 3], buffer[pos + 4]
+                    if kind == 1 and flags & 1:
+                        ended += 1
+                    elif kind == 0 and keep:
+                        answers.append(buffer[pos + 14:end])  # one whole message a DATA frame here
+                    elif kind == 7:
+                        raise RuntimeError(f"GOAWAY: {buffer[pos + 17:end]!r}")
+                    pos = end
+                buffer = buffer[pos:]
+            self.buffer = buffer
+            return answers
+
+    async def cycles(client: Client, first: int, n: int, check: bool) -> None:
+        ids = [b"m%07d" % i for i in range(first, first + n)]  # 1,000,000 first: the warming cycle
+        added = await client.round_of("Add", [add.replace(b"m0000000", i) for i in ids], check)
+        pulled = await client.round_of("Pull", [pull] * n, check)
+        acked = await client.round_of("Ack", [ack.replace(b"m0000000", i) for i in ids], check)
+        if check:
+            got = sorted(m.id.encode() for a in pulled for m in pb.PullResponse.FromString(a).messages)
+            if (sum(pb.AddResponse.FromString(a).created_count for a in added) != n or got != ids
+                    or sum(pb.AckResponse.FromString(a).success for a in acked) != n):
+                raise RuntimeError("a Deckard call failed: not every message was added, pulled and acked")
+
+    async def main() -> None:
+        server = Server(load_config(config_path), handle_signals=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            settings = _h2_frame(4, 0, 0, (4).to_bytes(2, "big") + (1 << 30).to_bytes(4, "big"))  # INITIAL_WINDOW_SIZE
+            await stream.send_all(PREFACE + settings + _h2_frame(8, 0, 0, ((1 << 31) - 1 - 65535).to_bytes(4, "big")))
+            client = Client(stream)
+            await cycles(client, 1_000_000, 1, True)  # enters the heads' fields in the tables
+            for method in ("Add", "Pull", "Ack"):
+                heads[method] = encoder.encode(_h2_fields(method))
+                if encoder.encode(_h2_fields(method)) != heads[method]:
+                    raise RuntimeError("a head is still changing the dynamic table")
+            for first in range(0, count, QUEUE_ROUND):
+                await cycles(client, first, min(QUEUE_ROUND, count - first), False)
+            await cycles(client, count, QUEUE_ROUND, True)
+            await stream.aclose()
+            server.stop()
+
+    try:
+        trio.run(main)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _check_answer(answer: bytes) -> Any:
@@ -311,7 +488,9 @@ def main() -> int:
         per_request = (instructions(args.count, what, pool) - instructions(0, what, pool)) / args.count
         unit = ("instructions/task (put, take, ack)" if what in ("queue", "module") else
                 "instructions/task (put)" if what == "put_many" else
-                "instructions/task (claim, read, ack)" if what == "stream" else "instructions/request")
+                "instructions/task (claim, read, ack)" if what == "stream" else
+                "instructions/cycle (add, pull, ack)" if what == "deckard" else
+                "instructions/task (put, take, ack over a connection)" if what == "queue_wire" else "instructions/request")
         print(f"{what:8s} {per_request:9,.0f} {unit}")
     return 0
 

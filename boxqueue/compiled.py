@@ -60,6 +60,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "boxqueue.tubes.streams",
     "boxqueue.lua_box.values",
     "boxqueue.lua_box.engine",
+    "boxqueue.frontdoor.http2_codec",
+    "boxqueue.frontdoor.grpc_connections",
+    "boxqueue.facades.deckard.service",
+    "boxqueue.facades.deckard.translate",
+    "boxqueue.facades.deckard.errors",
+    "boxqueue.facades.deckard.metering",
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -72,14 +72,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import inspect
 import logging
 import math
 import ssl
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -139,13 +138,21 @@ class GrpcError(Exception):
         self.trailing = trailing
 
 
-@dataclass(slots=True)
 class Call:
-    """What a handler knows of its call: the method's path and the request's metadata."""
+    """What a handler knows of its call: the method's path and the request's metadata (a plain
+    class rather than a dataclass: one is made for every call, and a compiled ``__init__`` costs
+    far less than the dataclass's generated one)."""
 
-    method: str
-    metadata: list[tuple[str, str]]
-    trailing: list[tuple[str, str]] = field(default_factory=list)  # the handler may add to them
+    __slots__ = ("method", "metadata", "trailing")
+
+    def __init__(self, method: str, metadata: list[tuple[str, str]],
+                 trailing: list[tuple[str, str]] | None = None) -> None:
+        self.method = method
+        self.metadata = metadata
+        self.trailing: list[tuple[str, str]] = [] if trailing is None else trailing  # the handler may add to them
+
+    def __repr__(self) -> str:
+        return f"Call(method={self.method!r}, metadata={self.metadata!r}, trailing={self.trailing!r})"
 
     def value(self, key: str) -> str | None:
         """The last value of metadata ``key`` (lower case), or None."""
@@ -941,7 +948,7 @@ class _Connection:
         then = getattr(result, "then", None)
         if then is not None:
             then(lambda value, error: self._quick_done(stream, value, error))
-        elif inspect.iscoroutine(result):  # this call needs a task after all
+        elif isinstance(result, Coroutine):  # needs a task after all (compiled: not inspect.iscoroutine)
             self.calls.start_soon(self._quick_awaited, stream, result)
         else:
             self._quick_done(stream, result, None)
@@ -1134,9 +1141,17 @@ class _Connection:
         sid = stream.id
         codec = self.codec
         if answer is not None:
+            data = b"\x00" + len(answer).to_bytes(4, "big") + answer
+            if not stream.begun and status == Status.OK and not stream.call.trailing:  # the usual answer
+                stream.begun = True
+                codec.send_answer(sid, data, OK_TRAILERS)
+                stream.answered = True
+                self._drop_body(stream)
+                self._close(stream)
+                return
             stream.begun = True
             codec.send_head(sid)
-            codec.send_data(sid, b"\x00" + len(answer).to_bytes(4, "big") + answer)
+            codec.send_data(sid, data)
         if status == Status.OK and not stream.call.trailing:
             block = OK_TRAILERS if stream.begun else _trailers(status, "", (), only=True)
         else:

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import cython
 import hpack
 import hpack.exceptions
 
@@ -191,6 +192,8 @@ def literal(name: bytes, value: bytes) -> bytes:
 # ":status: 200" is entry 8 of the static table; "content-type" is entry 31 (a literal without
 # indexing with an indexed name).
 HEAD_BLOCK = b"\x88" + _integer(31, 4) + _integer(16, 7) + b"application/grpc"
+# A frame's type and flags, for send_answer: a head, a DATA frame, the trailers that end the stream.
+_HEADS, _DATA, _LAST_HEADS = bytes((F_HEADERS, END_HEADERS)), bytes((F_DATA, 0)), bytes((F_HEADERS, END_HEADERS | END_STREAM))
 
 
 class _Stream:
@@ -241,6 +244,7 @@ class ServerCodec:
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = max_header_list
         self._decoded: dict[bytes, list[Any]] = {}  # see _decode
+        self._valid_heads: dict[bytes, None] = {}  # of those blocks, the well-formed request heads
         self._events: list[Any] = []
         self._window_event = False
         self._continuations = 0
@@ -257,6 +261,8 @@ class ServerCodec:
 
     # -- what the client sends -------------------------------------------------------------------
 
+    @cython.locals(buffer=bytearray, position=cython.Py_ssize_t, end=cython.Py_ssize_t, left=cython.Py_ssize_t,
+                   length=cython.Py_ssize_t, kind=cython.int, flags=cython.int, stream=cython.long)
     def receive(self, data: bytes, max_frames: int = 0) -> list[Any]:
         """The events in ``data`` (and what came before it unparsed), from at most ``max_frames``
         frames (0: all; :meth:`ready` says whether more wait). Raises Http2Error."""
@@ -279,14 +285,15 @@ class ServerCodec:
         left = max_frames or -1
         while end - position >= 9 and left:
             left -= 1
-            length = int.from_bytes(buffer[position:position + 3], "big")
+            length = (buffer[position] << 16) | (buffer[position + 1] << 8) | buffer[position + 2]
             if length > MAX_FRAME:
                 self._fail(FRAME_SIZE_ERROR, f"a frame of {length} bytes (the limit is {MAX_FRAME})")
             if end - position < 9 + length:
                 break
             kind = buffer[position + 3]
             flags = buffer[position + 4]
-            stream = int.from_bytes(buffer[position + 5:position + 9], "big") & 0x7FFFFFFF
+            stream = ((buffer[position + 5] & 0x7F) << 24) | (buffer[position + 6] << 16) | (buffer[position + 7] << 8) \
+                | buffer[position + 8]
             payload = bytes(buffer[position + 9:position + 9 + length])
             position += 9 + length
             self._frame(kind, flags, stream, payload)
@@ -447,7 +454,8 @@ class ServerCodec:
         """A head's fields. A block of indexed fields only (what a client sends for a head it
         sent before: every field in the dynamic table by then) changes no table, so while the
         table stays as it is the block means what it meant: its fields are kept (at most
-        DECODED_KEPT blocks) and any other block, which may change the table, forgets them."""
+        DECODED_KEPT blocks) and any other block, which may change the table, forgets them (and
+        which of them were found well-formed request heads: see :meth:`_head_done`)."""
         kept = self._decoded
         known = kept.get(block)
         if known is not None:
@@ -456,9 +464,11 @@ class ServerCodec:
         if _indexed_only(block):
             if len(kept) >= DECODED_KEPT:
                 kept.clear()
+                self._valid_heads.clear()
             kept[block] = list(headers)
         elif kept:
             kept.clear()
+            self._valid_heads.clear()
         return headers
 
     def _head_done(self, stream: int, ended: bool, block: bytes) -> None:
@@ -495,9 +505,12 @@ class ServerCodec:
         if len(self.streams) >= self.max_streams:
             self._refuse(stream, REFUSED_STREAM)
             return
-        if malformed(headers, checked=self._checked) is not None:
-            self._refuse(stream, PROTOCOL_ERROR)
-            return
+        if block not in self._valid_heads:  # a kept block's fields were checked when it was kept
+            if malformed(headers, checked=self._checked) is not None:
+                self._refuse(stream, PROTOCOL_ERROR)
+                return
+            if block in self._decoded:
+                self._valid_heads[block] = None
         self.streams[stream] = _Stream(self.peer_initial_window, ended)
         self._events.append((REQUEST, stream, headers, ended))
 
@@ -593,6 +606,32 @@ class ServerCodec:
         if end:
             state.local_closed = True
             self._closed_both(stream, state)
+
+    def send_answer(self, stream: int, data: bytes, trailers: bytes) -> None:
+        """A whole answer: the head (``HEAD_BLOCK``), ``data`` (within :meth:`window`: the caller
+        checks) and the trailers that end the stream; as :meth:`send_head`, :meth:`send_data` and
+        :meth:`send_head` with ``end`` would send them, made in one piece when each fits a frame."""
+        state = self.streams.get(stream)
+        if state is None or state.local_closed:
+            return
+        limit = self.peer_max_frame
+        if len(data) > limit or len(trailers) > limit:
+            self.send_head(stream)
+            self.send_data(stream, data)
+            self.send_head(stream, trailers, end=True)
+            return
+        head = HEAD_BLOCK
+        if self._table_update:
+            head = self._table_update + head
+            self._table_update = b""
+        size = len(data)
+        state.send_window -= size
+        self.send_window -= size
+        sid = stream.to_bytes(4, "big")
+        self.out += b"".join((len(head).to_bytes(3, "big"), _HEADS, sid, head, size.to_bytes(3, "big"), _DATA, sid,
+                              data, len(trailers).to_bytes(3, "big"), _LAST_HEADS, sid, trailers))
+        state.local_closed = True
+        self._closed_both(stream, state)
 
     def send_data(self, stream: int, data: bytes) -> None:
         """DATA within :meth:`window` (the caller checks), split at the client's frame size."""

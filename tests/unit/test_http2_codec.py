@@ -269,6 +269,35 @@ def test_a_lowered_header_table_size_is_followed_by_a_table_size_update():
     assert next(f for f in frames_of(server.data_to_send()) if f[0] == F_HEADERS)[3] == HEAD_BLOCK
 
 
+@pytest.mark.parametrize("size", [2, 16384 - 5, 16384 - 4, 40000])
+@pytest.mark.parametrize("table_update", [False, True])
+def test_a_whole_answer_is_what_its_head_data_and_trailers_would_be(size: int, table_update: bool) -> None:
+    """``send_answer`` (one piece) sends the frames ``send_head``, ``send_data`` and ``send_head``
+    with ``end`` send, and leaves the windows and the stream as they leave them: with a table size
+    update owed, and with a message over the client's frame size (then split)."""
+    answers = []
+    for whole in (False, True):
+        server = opened()
+        if table_update:
+            server.receive(frame(4, 0, 0, (1).to_bytes(2, "big") + (0).to_bytes(4, "big")))
+        server.receive(frame(F_HEADERS, 0x5, 1, hpack.Encoder().encode(HEAD)))
+        server.data_to_send()
+        data, trailers = b"\x00" + size.to_bytes(4, "big") + b"m" * size, literal(b"grpc-status", b"0")
+        if whole:
+            server.send_answer(1, data, trailers)
+        else:
+            server.send_head(1)
+            server.send_data(1, data)
+            server.send_head(1, trailers, end=True)
+        answers.append((frames_of(server.data_to_send()), server.send_window, 1 in server.streams))
+    assert answers[0] == answers[1]
+    sent, window, still_open = answers[1]
+    assert [f[0] for f in sent][:2] == [F_HEADERS, F_DATA] and sent[-1][:2] == (F_HEADERS, 0x5) and not still_open
+    assert b"".join(f[3] for f in sent if f[0] == F_DATA) == b"\x00" + size.to_bytes(4, "big") + b"m" * size
+    assert window == 65535 - 5 - size
+    assert (sent[0][3][:1] == b"\x20") is table_update
+
+
 def test_data_beyond_the_streams_window_is_a_flow_control_error():
     server = opened(stream_window=1000)
     encoder = hpack.Encoder()

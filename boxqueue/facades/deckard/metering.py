@@ -22,6 +22,7 @@ class CallMeter:
                  check: Callable[[Call], None] | None = None) -> None:
         self.meter = meter
         self.metered = frozenset(metered)
+        self.names = {path: path.rsplit("/", 1)[-1] for path in self.metered}  # the method's name, by path
         self.check = check
 
     def begin(self, call: Call) -> object:
@@ -39,7 +40,7 @@ class CallMeter:
     def finished(self, call: Call, started: object, status: Status, text: str) -> None:
         if not isinstance(started, float) or self.meter is None:
             return
-        method = call.method.rsplit("/", 1)[-1]
+        method = self.names[call.method]
         if status == Status.OK:
             self.meter.record(method, started)
         else:

@@ -250,7 +250,7 @@ def _quick(serve: Any, request_type: Any) -> Any:
         answer = serve(parse(request_type, data))
         if isinstance(answer, Later):
             return answer.map(_serialized)
-        if inspect.iscoroutine(answer):  # the rare call that needs a task (the server gives it one)
+        if isinstance(answer, Coroutine):  # the rare call that needs a task (compiled: not inspect.iscoroutine)
             return _serialized_when_done(answer)
         return answer.SerializeToString()
 

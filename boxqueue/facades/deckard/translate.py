@@ -37,6 +37,7 @@ from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
 from boxqueue.tubes.task import TUBE_LAYOUT, Task, data_json_default, stored_parts
 
 DEFAULT_ACK_DEADLINE_MS = 300_000
+_NO_DIAGNOSTICS = pb.MessageDiagnostics()  # copied into each message given it
 MAX_PULL = 1000
 MINUTE_MS = 60_000
 MIN_SCORE = 0.0
@@ -124,24 +125,26 @@ def body_text(data: list[Any]) -> str:
 def to_message(task: Task, stored: bytes, *, description: bool = True) -> pb.Message:
     """The wire ``Message`` of a stored task; its score is the one it is ordered by (K4)."""
     attachments, data = stored_parts(stored, TUBE_LAYOUT)
-    attrs = task.attrs or {}
-    payload = attachments.get("payload") or {}
-    return pb.Message(
-        id=task.id,
-        queue=task.tube,
-        description=(attachments.get("description") or "") if description else "",
-        string_payload=body_text(data),
-        metadata=attachments.get("metadata") or {},
-        score=float(task.pri),
-        breakpoint=attrs.get("bp", ""),
-        payload={name: any_pb2.Any(type_url=url, value=value) for name, (url, value) in payload.items()},
-        diagnostics=pb.MessageDiagnostics(
-            acks=attrs.get("acks", 0),
-            nacks=attrs.get("nacks", 0),
-            consecutive_acks=attrs.get("cacks", 0),
-            consecutive_nacks=attrs.get("cnacks", 0),
-        ),
-    )
+    attrs = task.attrs
+    # Fields left at their defaults are not given (each one given costs the constructor); the
+    # diagnostics are always present, as Deckard sends them.
+    message = pb.Message(id=task.id, queue=task.tube, string_payload=body_text(data), score=float(task.pri),
+                         diagnostics=pb.MessageDiagnostics(
+                             acks=attrs.get("acks", 0),
+                             nacks=attrs.get("nacks", 0),
+                             consecutive_acks=attrs.get("cacks", 0),
+                             consecutive_nacks=attrs.get("cnacks", 0),
+                         ) if attrs else _NO_DIAGNOSTICS)
+    if attachments:
+        if description and attachments.get("description"):
+            message.description = attachments["description"]
+        if attachments.get("metadata"):
+            message.metadata.update(attachments["metadata"])
+        for name, (url, value) in (attachments.get("payload") or {}).items():
+            message.payload[name].CopyFrom(any_pb2.Any(type_url=url, value=value))
+    if attrs and attrs.get("bp"):
+        message.breakpoint = attrs["bp"]
+    return message
 
 
 def count_settle(attrs: dict[str, Any], *, nack: bool, breakpoint: str) -> None:
