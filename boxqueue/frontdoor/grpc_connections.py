@@ -217,6 +217,7 @@ _NO_METHOD = Method()
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding",
                        b"user-agent", b"grpc-message-type"))
+HEADS_KEPT, HEAD_KEPT_BYTES = 32, 2048  # see _Connection.heads
 STREAM_WINDOW = 1 << 20  # what each call may send ahead of our reading it; acknowledged as read
 MAX_HELD = 32 << 20  # bytes of request messages one connection may hold for calls not yet given them
 INFLATE_BURST, INFLATE_RATE = 8 << 20, float(4 << 20)  # bytes decompressed at once, then a second, per connection
@@ -254,6 +255,32 @@ def _trailers(status: Status, message: str, trailing: list[tuple[str, str]] | tu
     for key, value in trailing:
         out += literal(key.encode("latin-1"), value.encode("latin-1"))
     return out
+
+
+def _head_of(headers: list[tuple[bytes, bytes]]) -> tuple[str, float | None, bytes, tuple[tuple[str, str], ...], int, bytes]:
+    """What a call's head says: its path, timeout, encoding, metadata, size (as the limit on
+    metadata counts it) and content type."""
+    path = b""
+    timeout: float | None = None
+    encoding = b""
+    metadata: list[tuple[str, str]] = []
+    size = 0
+    content_type = b""
+    for name, value in headers:
+        size += len(name) + len(value) + 32
+        if name[:1] == b":":
+            if name == b":path":
+                path = value
+        elif name in _RESERVED:
+            if name == b"grpc-timeout":
+                timeout = timeout_of(value)
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"content-type":
+                content_type = value
+        else:
+            metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+    return path.decode("latin-1"), timeout, encoding, tuple(metadata), size, content_type
 
 
 class _Refused(Exception):
@@ -431,6 +458,9 @@ class _Connection:
         self.codec = ServerCodec(max_streams=limits.max_streams, stream_window=STREAM_WINDOW,
                                  connection_window=4 * STREAM_WINDOW, max_header_list=4 * limits.max_metadata_bytes)
         self.streams: dict[int, _Stream] = {}
+        # What the heads a client repeats say (most send the same few on every call), by their
+        # fields: at most HEADS_KEPT heads of at most HEAD_KEPT_BYTES each, then forgotten.
+        self.heads: dict[tuple[tuple[bytes, bytes], ...], tuple[Any, ...]] = {}
         self.writing = False  # a task is writing (see flush)
         self.written = trio.Event()  # set when the writing task is done (then replaced)
         self.held = 0  # bytes of request messages received and not yet handed to their calls
@@ -664,30 +694,19 @@ class _Connection:
 
     def _request(self, sid: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
         server = self.server
-        path = b""
-        timeout: float | None = None
-        encoding = b""
-        metadata: list[tuple[str, str]] = []
-        size = 0
-        content_type = b""
-        for name, value in headers:
-            size += len(name) + len(value) + 32
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-            elif name in _RESERVED:
-                if name == b"grpc-timeout":
-                    timeout = timeout_of(value)
-                elif name == b"grpc-encoding":
-                    encoding = value
-                elif name == b"content-type":
-                    content_type = value
-            else:
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+        key = tuple(headers)
+        head = self.heads.get(key)
+        if head is None:
+            head = _head_of(headers)
+            if head[4] <= HEAD_KEPT_BYTES:
+                if len(self.heads) >= HEADS_KEPT:
+                    self.heads.clear()
+                self.heads[key] = head
+        path, timeout, encoding, metadata, size, content_type = head
         if server._stopping:  # the codec forgets it too: nothing of it is kept
             self.codec.reset(sid, REFUSED_STREAM)
             return
-        call = Call(path.decode("latin-1"), metadata)
+        call = Call(path, list(metadata))
         stream = _Stream(sid, call, ended)
         self.streams[sid] = stream
         self.requested = True

@@ -92,19 +92,23 @@ class DeckardService:
             if error is not None:
                 answer.settle(None, error)
                 return
+            response = pb.PullResponse()
+            messages = response.messages
             try:
-                messages = [translate.to_message(task, raw) for task, raw in found]
+                for task, raw in found:
+                    translate.to_message(task, raw, into=messages)
                 fits = translate.fitting(messages, MAX_MESSAGE_BYTES)
             except Exception as exc:
                 answer.settle(None, exc)
                 return
-            response = pb.PullResponse(messages=messages[:fits])
             if fits == len(messages):
                 answer.settle(response)
                 return
             # The answer would pass the 4 MiB send limit: the messages beyond it were never
             # handed out, so they go back to the queue at once rather than wait for a deadline.
-            back = self.engine.untake(self.space_id, request.queue, [m.id for m in messages[fits:]])
+            beyond = [m.id for m in messages[fits:]]
+            del messages[fits:]
+            back = self.engine.untake(self.space_id, request.queue, beyond)
             back.then(lambda _value, failed: answer.settle(None if failed else response, failed))
 
         pulled.then(answered)

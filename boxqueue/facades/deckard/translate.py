@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 # Imported so the JSON rendering knows the well-known types clients pack most often.
@@ -45,16 +45,21 @@ MAX_SCORE = float(2**53)
 TIMELESS_MS = 100 * 36525 * 24 * 3600 * 1000 // 100  # 100 years of 365.25 days, in ms
 
 
-@dataclass
 class NewMessage:
-    """One message of an Add: ``score`` None means "now" (Deckard's default algorithm)."""
+    """One message of an Add: ``score`` None means "now" (Deckard's default algorithm). A plain
+    class: one is made per message added, and its compiled ``__init__`` costs far less than a
+    dataclass's generated one."""
 
-    queue: str
-    id: str
-    score: float | None
-    expires: int  # ms since the epoch
-    attachments: dict[str, Any]
-    data: list[Any]
+    __slots__ = ("queue", "id", "score", "expires", "attachments", "data")
+
+    def __init__(self, queue: str, id: str, score: float | None, expires: int, attachments: dict[str, Any],
+                 data: list[Any]) -> None:
+        self.queue = queue
+        self.id = id
+        self.score = score
+        self.expires = expires  # ms since the epoch
+        self.attachments = attachments
+        self.data = data
 
 
 def clamp_score(score: float) -> float:
@@ -122,19 +127,22 @@ def body_text(data: list[Any]) -> str:
     return json.dumps(data[0] if len(data) == 1 else data, ensure_ascii=False, default=data_json_default)
 
 
-def to_message(task: Task, stored: bytes, *, description: bool = True) -> pb.Message:
-    """The wire ``Message`` of a stored task; its score is the one it is ordered by (K4)."""
+def to_message(task: Task, stored: bytes, *, description: bool = True, into: Any = None) -> pb.Message:
+    """The wire ``Message`` of a stored task; its score is the one it is ordered by (K4).
+    ``into``: the repeated field of an answer it is added to (made there, not made and copied)."""
     attachments, data = stored_parts(stored, TUBE_LAYOUT)
     attrs = task.attrs
     # Fields left at their defaults are not given (each one given costs the constructor); the
     # diagnostics are always present, as Deckard sends them.
-    message = pb.Message(id=task.id, queue=task.tube, string_payload=body_text(data), score=float(task.pri),
-                         diagnostics=pb.MessageDiagnostics(
-                             acks=attrs.get("acks", 0),
-                             nacks=attrs.get("nacks", 0),
-                             consecutive_acks=attrs.get("cacks", 0),
-                             consecutive_nacks=attrs.get("cnacks", 0),
-                         ) if attrs else _NO_DIAGNOSTICS)
+    diagnostics = pb.MessageDiagnostics(
+        acks=attrs.get("acks", 0),
+        nacks=attrs.get("nacks", 0),
+        consecutive_acks=attrs.get("cacks", 0),
+        consecutive_nacks=attrs.get("cnacks", 0),
+    ) if attrs else _NO_DIAGNOSTICS
+    make = pb.Message if into is None else into.add
+    message = make(id=task.id, queue=task.tube, string_payload=body_text(data), score=float(task.pri),
+                   diagnostics=diagnostics)
     if attachments:
         if description and attachments.get("description"):
             message.description = attachments["description"]
@@ -160,7 +168,7 @@ def count_settle(attrs: dict[str, Any], *, nack: bool, breakpoint: str) -> None:
         attrs["bp"] = breakpoint
 
 
-def fitting(messages: list[pb.Message], limit: int) -> int:
+def fitting(messages: Sequence[pb.Message], limit: int) -> int:
     """How many of ``messages``, from the first, fit in a response of ``limit`` bytes (at
     least one: a single message too large fails at the gRPC layer, as in Deckard)."""
     size = 0
