@@ -211,14 +211,8 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
                     answers: list[bytes] = []
                     while len(answers) < len(frames):
                         buffer += await stream.receive_some(1 << 20)
-                        pos = 0
-                        while len(buffer) - pos >= 5:
-                            end = pos + 5 + int.from_bytes(buffer[pos + 1:pos + 5], "big")  # 0xCE length
-                            if end > len(buffer):
-                                break
-                            answers.append(buffer[pos:end])
-                            pos = end
-                        buffer = buffer[pos:]
+                        whole, buffer = _whole_packets(buffer)
+                        answers += whole
                     return answers
 
                 for first in range(0, count + QUEUE_ROUND, QUEUE_ROUND):  # one more round, checked
@@ -285,11 +279,6 @@ def queue_workload(count: int, what: str = "queue", pool: int = 0) -> None:
 
 
 DECKARD = "/blipai.deckard.Deckard/"
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # a client's, RFC 9113 3.4
-
-
-def _h2_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
 
 
 def _h2_fields(method: str) -> list[tuple[str, str]]:
@@ -319,6 +308,7 @@ def deckard_workload(count: int) -> None:
     from boxqueue.cli import tune_interpreter
     from boxqueue.config import load_config
     from boxqueue.facades.deckard.generated import deckard_service_pb2 as pb
+    from boxqueue.frontdoor.http2_codec import PREFACE, frame  # a frame is laid out alike both ways
     from boxqueue.process import Server
     from boxqueue.storage.environment import Storage
 
@@ -353,7 +343,7 @@ def deckard_workload(count: int) -> None:
             out = []
             for body in bodies:
                 head = heads.get(method) or encoder.encode(_h2_fields(method))
-                out.append(_h2_frame(1, 4, self.sid, head) + _h2_frame(0, 1, self.sid, message(body)))
+                out.append(frame(1, 4, self.sid, head) + frame(0, 1, self.sid, message(body)))
                 self.sid += 2
             await self.stream.send_all(b"".join(out))
             ended, answers, buffer = 0, [], self.buffer
@@ -392,8 +382,8 @@ def deckard_workload(count: int) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            settings = _h2_frame(4, 0, 0, (4).to_bytes(2, "big") + (1 << 30).to_bytes(4, "big"))  # INITIAL_WINDOW_SIZE
-            await stream.send_all(PREFACE + settings + _h2_frame(8, 0, 0, ((1 << 31) - 1 - 65535).to_bytes(4, "big")))
+            settings = frame(4, 0, 0, (4).to_bytes(2, "big") + (1 << 30).to_bytes(4, "big"))  # INITIAL_WINDOW_SIZE
+            await stream.send_all(PREFACE + settings + frame(8, 0, 0, ((1 << 31) - 1 - 65535).to_bytes(4, "big")))
             client = Client(stream)
             await cycles(client, 1_000_000, 1, True)  # enters the heads' fields in the tables
             for method in ("Add", "Pull", "Ack"):
@@ -435,12 +425,19 @@ def _check_answer(answer: bytes) -> Any:
 
 def _packets(data: bytes | bytearray) -> list[bytes]:
     """Whole response packets (0xCE length prefix) from a buffer of them."""
+    return _whole_packets(data)[0]
+
+
+def _whole_packets(data: bytes | bytearray) -> tuple[list[bytes], bytes]:
+    """The whole response packets (0xCE length prefix) a buffer begins with, and the rest."""
     out, pos = [], 0
-    while pos < len(data):
+    while len(data) - pos >= 5:
         end = pos + 5 + int.from_bytes(data[pos + 1 : pos + 5], "big")
+        if end > len(data):
+            break
         out.append(bytes(data[pos:end]))
         pos = end
-    return out
+    return out, bytes(data[pos:])
 
 
 def _task_ids(answers: list[bytes]) -> list[str]:

@@ -243,8 +243,7 @@ class ServerCodec:
         self._head: tuple[int, int, bytearray] | None = None  # a head awaiting its CONTINUATION frames
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = max_header_list
-        self._decoded: dict[bytes, list[Any]] = {}  # see _decode
-        self._valid_heads: dict[bytes, None] = {}  # of those blocks, the well-formed request heads
+        self._decoded: dict[bytes, list[Any]] = {}  # see _decode: [fields, found a well-formed request head]
         self._events: list[Any] = []
         self._window_event = False
         self._continuations = 0
@@ -454,21 +453,19 @@ class ServerCodec:
         """A head's fields. A block of indexed fields only (what a client sends for a head it
         sent before: every field in the dynamic table by then) changes no table, so while the
         table stays as it is the block means what it meant: its fields are kept (at most
-        DECODED_KEPT blocks) and any other block, which may change the table, forgets them (and
-        which of them were found well-formed request heads: see :meth:`_head_done`)."""
+        DECODED_KEPT blocks, each with whether it was found a well-formed request head: see
+        :meth:`_head_done`) and any other block, which may change the table, forgets them."""
         kept = self._decoded
         known = kept.get(block)
         if known is not None:
-            return list(known)
+            return list(known[0])
         headers = list(self._decoder.decode(block, raw=True))
         if _indexed_only(block):
             if len(kept) >= DECODED_KEPT:
                 kept.clear()
-                self._valid_heads.clear()
-            kept[block] = list(headers)
+            kept[block] = [list(headers), False]
         elif kept:
             kept.clear()
-            self._valid_heads.clear()
         return headers
 
     def _head_done(self, stream: int, ended: bool, block: bytes) -> None:
@@ -505,12 +502,13 @@ class ServerCodec:
         if len(self.streams) >= self.max_streams:
             self._refuse(stream, REFUSED_STREAM)
             return
-        if block not in self._valid_heads:  # a kept block's fields were checked when it was kept
+        kept = self._decoded.get(block)
+        if kept is None or not kept[1]:  # a kept block found well-formed once is so while it is kept
             if malformed(headers, checked=self._checked) is not None:
                 self._refuse(stream, PROTOCOL_ERROR)
                 return
-            if block in self._decoded:
-                self._valid_heads[block] = None
+            if kept is not None:
+                kept[1] = True
         self.streams[stream] = _Stream(self.peer_initial_window, ended)
         self._events.append((REQUEST, stream, headers, ended))
 
