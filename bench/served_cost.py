@@ -91,7 +91,8 @@ def drive(port: int, op: str, total: int, rows: int, connections: int = 16, infl
         sock.close()
 
 
-def instructions(op: str, count: int, rows: int, wal: str, keep: Path | None, metrics: bool = False) -> int:
+def instructions(op: str, count: int, rows: int, wal: str, keep: Path | None, metrics: bool = False,
+                 connections: int = 16, inflight: int = 16) -> int:
     args = argparse.Namespace(memtx_memory=0, tarantool_bin="tarantool", metrics=metrics)
     server = load.Server("ours", wal, args)
     out = keep if keep is not None else "/dev/null"
@@ -105,7 +106,7 @@ def instructions(op: str, count: int, rows: int, wal: str, keep: Path | None, me
     try:
         if op in ("select", "replace"):
             load.preload(server.port, rows)
-        drive(server.port, op, count, rows)
+        drive(server.port, op, count, rows, connections, inflight)
         server.proc.send_signal(signal.SIGTERM)  # callgrind writes its totals as the server exits
         server.proc.wait(timeout=300)
         log = server.log_path.read_text(errors="replace")
@@ -125,6 +126,10 @@ def main() -> int:
     parser.add_argument("--wal", default="none", help="wal mode of the server (fsync, write, none)")
     parser.add_argument("--keep", type=Path, help="keep the longer run's callgrind profile here")
     parser.add_argument("--profile", type=int, metavar="N", help="print the N costliest functions per request")
+    parser.add_argument("--connections", type=int, default=16, help="client connections")
+    parser.add_argument("--inflight", type=int, default=16,
+                        help="requests in flight per connection (1: each request a chunk of its own, as "
+                             "clients that wait for each answer send them)")
     parser.add_argument("--metrics", action="store_true",
                         help="the server has a [metrics] listener (per-chunk latency on; nobody scrapes)")
     args = parser.parse_args()
@@ -135,9 +140,12 @@ def main() -> int:
         if op not in OPS:
             parser.error(f"unknown op {op}")
         profiles = [Path(tempfile.mkdtemp()) / "short.cg", Path(tempfile.mkdtemp()) / "long.cg"] if args.profile else [None, args.keep]
-        short = instructions(op, args.count, args.rows, args.wal, profiles[0], args.metrics)
-        long = instructions(op, 2 * args.count, args.rows, args.wal, profiles[1], args.metrics)
+        shape = (args.connections, args.inflight)
+        short = instructions(op, args.count, args.rows, args.wal, profiles[0], args.metrics, *shape)
+        long = instructions(op, 2 * args.count, args.rows, args.wal, profiles[1], args.metrics, *shape)
         shown = f"wal {args.wal}" + (", metrics on" if args.metrics else "")
+        if shape != (16, 16):
+            shown += f", {args.connections} connections x {args.inflight} in flight"
         print(f"{op:8s} {(long - short) / args.count:9,.0f} instructions/request ({shown})", flush=True)
         if args.profile:
             print_profile_difference(*profiles, args.count, args.profile)
