@@ -35,6 +35,7 @@ from boxqueue.spaces.procedures import CallContext, Procedures
 from boxqueue.spaces.space_procedures import space_method_resolver
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage
+from boxqueue.task_roots import python_root
 from boxqueue.task_tree import dump_on_signal
 from boxqueue.tls import server_context
 from boxqueue.tubes import box_queue, pools, queue_module, sequences, stream_procedures
@@ -377,7 +378,7 @@ class Server:
                 await catalog.empty_memory_index_databases()
                 await root.start(stats.run)
                 await root.start(lua.run)
-                root.start_soon(modern_queue.run)
+                root.start_soon(python_root, modern_queue.run)  # compiled: see task_roots.py
                 if role == FOLLOWER:
                     root.start_soon(self._follow, storage, committer, catalog)
                 else:

@@ -102,6 +102,7 @@ from boxqueue.frontdoor.http2_codec import (
 )
 from boxqueue.iproto.listening import serve_tcp
 from boxqueue.iproto.socket_io import DirectSocket, StreamIO
+from boxqueue.task_roots import python_root
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ class GrpcServer:
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept on ``host:port`` until cancelled (stop first for a graceful end)."""
         async with trio.open_nursery() as connections:
-            connections.start_soon(self.sweep)
+            connections.start_soon(python_root, self.sweep)
             try:
                 await serve_tcp(host, port, self._connection, connections, name=self.name,
                                 ssl_context=self.ssl_context, max_connections=self.limits.max_connections,
@@ -624,7 +625,7 @@ class _Connection:
         if self.writing or self.broken or not self.codec.out:
             return
         if not self._send_now():
-            self.calls.start_soon(self.flush)
+            self.calls.start_soon(python_root, self.flush)
 
     def _break(self) -> None:
         self.broken = True
@@ -911,7 +912,7 @@ class _Connection:
         if fn is None:
             self._quick(stream)
         else:
-            self.calls.start_soon(fn, *args)
+            self.calls.start_soon(python_root, fn, *args)
 
     def _answer_now(self, stream: _Stream, status: Status, message: str,
                     trailing: tuple[tuple[str, str], ...] = (), *, http: bytes = b"200") -> None:
@@ -968,7 +969,7 @@ class _Connection:
         if then is not None:
             then(lambda value, error: self._quick_done(stream, value, error))
         elif isinstance(result, Coroutine):  # needs a task after all (compiled: not inspect.iscoroutine)
-            self.calls.start_soon(self._quick_awaited, stream, result)
+            self.calls.start_soon(python_root, self._quick_awaited, stream, result)
         else:
             self._quick_done(stream, result, None)
 
@@ -1003,7 +1004,7 @@ class _Connection:
                 return
             if answer is not None and 5 + len(answer) > self.codec.window(stream.id):
                 self.tasks += 1  # counted until _end_late ends (the call itself by _finish below)
-                self.calls.start_soon(self._end_late, stream, answer)
+                self.calls.start_soon(python_root, self._end_late, stream, answer)
                 return
             self._answer(stream, answer, status, text)
             self._write_now()

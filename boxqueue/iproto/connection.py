@@ -23,9 +23,9 @@ the order they were submitted); its requests run as tasks are observed when they
 Compiled with Cython (``boxqueue/compiled.py``), with ``socket_io`` and ``group_sends``: with
 clients that wait for each answer, every request is a chunk of its own, and the loop's own lines
 were interpreted once per request (``bench/served_cost.py --inflight 1``: a ping 39,807 -> 38,588
-instructions, a replace 85,030 -> 82,327). trio runs a compiled coroutine started as a task (the
-sender loop, a call's ``_run``) through a Python wrapper of its own: one interpreted frame a step
-for those, none for the receive loop, which ``serve`` awaits.
+instructions, a replace 85,030 -> 82,327). The tasks it starts (the sender loop, a call's
+``_run``) have a Python coroutine at their root (``boxqueue/task_roots.py`` says why): one
+interpreted frame a step for those, none for the receive loop, which ``serve`` awaits.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from boxqueue.iproto.outbox import Outbox
 from boxqueue.iproto.session import Session
 from boxqueue.iproto.socket_io import DirectSocket, StreamIO
 from boxqueue.measures import Histogram
+from boxqueue.task_roots import python_root
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Connection:
         client_left = False
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop, nursery.cancel_scope)
+                nursery.start_soon(python_root, self._send_loop, nursery.cancel_scope)
                 with self._reading:
                     client_left = await self._receive_loop(nursery)
                 if client_left:
@@ -169,7 +170,7 @@ class Connection:
                     self._tasks_started += len(tasks)
                     started = None if sample is None else sample[0]
                     for task in tasks:
-                        nursery.start_soon(self._run, task, started)
+                        nursery.start_soon(python_root, self._run, task, started)
                 if framing_error is not None:
                     outbox.out += self.dispatcher.error(0, framing_error.error)
                     outbox.wake_sender()

@@ -57,6 +57,7 @@ from boxqueue.spaces.later import Later
 from boxqueue.spaces.msgpack_values import Raw, pack, unpack
 from boxqueue.spaces.procedures import CallContext, ProcedureEntry, Procedures, make_entry
 from boxqueue.spaces.space import StorageError, decode_tuple
+from boxqueue.task_roots import python_root
 from boxqueue.tubes.box_queue import BoxQueue
 from boxqueue.tubes.engine import QueueEngine, proc_error
 from boxqueue.tubes.engine_base import TUBE_RECORDS
@@ -231,7 +232,7 @@ class QueueModule:
         """Releases the takes of sessions left without a connection past their ttr, and runs
         the tubes' on_task_change callbacks."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._deliver_changes)
+            nursery.start_soon(python_root, self._deliver_changes)
             await self._sweep_sessions()
 
     async def _sweep_sessions(self) -> None:

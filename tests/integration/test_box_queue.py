@@ -1586,3 +1586,40 @@ def test_kill_loses_no_acknowledged_change(tmp_path):
         q.close()
     finally:
         srv.kill()
+
+
+def test_concurrent_put_unique_from_many_connections_makes_one_task(qserver, tube):
+    """put_unique runs as a call that waits (its tube's lock: look up, then insert); sixteen
+    connections sending the same data at once all get the one task it made. trio asks a task that
+    takes a lock for its root coroutine's state, which a compiled coroutine cannot tell: before
+    calls got a Python root (boxqueue/task_roots.py) the calls failed or were never answered."""
+    import tarantool
+
+    clients = [tarantool.Connection("127.0.0.1", qserver.port, socket_timeout=10) for _ in range(16)]
+    answers: list[Any] = [None] * len(clients)
+    start = threading.Barrier(len(clients))
+
+    def put(i: int) -> None:
+        start.wait()
+        try:
+            answers[i] = [clients[i].call("box.queue.put_unique", [0, tube, 0, 0, 0, 0, "same", k]).data
+                          for k in range(5)]
+        except Exception as exc:  # recorded: the assertion below names it
+            answers[i] = exc
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(len(clients))]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        errors = [a for a in answers if not isinstance(a, list)]
+        assert errors == []
+        made = {task[0] for calls in answers for (task,) in calls}
+        assert len(made) == 1, made
+        (task_id,) = made
+        assert clients[0].select(0, [tube, "r", "same"], index="put_unique").data[0][0] == task_id
+    finally:
+        for c in clients:
+            c.close()
