@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import tarantool
 
 from tests.integration.conftest import TARGET
 from tests.integration.queue_fixtures import (
@@ -1593,8 +1594,6 @@ def test_concurrent_put_unique_from_many_connections_makes_one_task(qserver, tub
     connections sending the same data at once all get the one task it made. trio asks a task that
     takes a lock for its root coroutine's state, which a compiled coroutine cannot tell: before
     calls got a Python root (boxqueue/task_roots.py) the calls failed or were never answered."""
-    import tarantool
-
     clients = [tarantool.Connection("127.0.0.1", qserver.port, socket_timeout=10) for _ in range(16)]
     answers: list[Any] = [None] * len(clients)
     start = threading.Barrier(len(clients))
