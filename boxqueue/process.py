@@ -376,9 +376,10 @@ class Server:
             async with trio.open_nursery() as root:
                 await root.start(committer.run)
                 await catalog.empty_memory_index_databases()
-                await root.start(stats.run)
-                await root.start(lua.run)
-                root.start_soon(python_root, modern_queue.run)  # compiled: see task_roots.py
+                # stats, lua and the queue module are compiled: see task_roots.py.
+                await root.start(python_root, stats.run)
+                await root.start(python_root, lua.run)
+                root.start_soon(python_root, modern_queue.run)
                 if role == FOLLOWER:
                     root.start_soon(self._follow, storage, committer, catalog)
                 else:

@@ -6,8 +6,10 @@ trio keeps each task's root coroutine and, whenever the task takes a ``trio.Lock
 has one, so it becomes the root as it is; it has no ``cr_suspended``, and the question raises
 AttributeError. A compiled coroutine started as a task could then take no lock at all: a
 ``box.queue.put_unique`` run as an iproto call (``tube.unique_lock``) failed that way once the
-connection's loop was compiled. Compiled modules therefore start their tasks through
-:func:`python_root`; this module is never compiled (``boxqueue/compiled.py``), and the cost is
+connection's loop was compiled. Every task whose root would be a compiled coroutine therefore
+starts through :func:`python_root`, whoever starts it (``tests/unit/test_compiled.py`` checks the
+compiled modules' own sites; ``tests/integration/test_inprocess.py`` asks every task of a running
+server); this module is never compiled (``boxqueue/compiled.py``), and the cost is
 the one interpreted frame a step that trio's own wrapper would cost.
 """
 
@@ -16,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
 
-async def python_root(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-    """Await ``fn(*args)``; started as ``nursery.start_soon(python_root, fn, *args)``."""
-    return await fn(*args)
+
+async def python_root(
+    fn: Callable[..., Awaitable[Any]], *args: Any, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+) -> Any:
+    """Await ``fn(*args)``; started as ``nursery.start_soon(python_root, fn, *args)``, or as
+    ``await nursery.start(python_root, fn, *args)``, which hands ``fn`` the task status."""
+    if task_status is trio.TASK_STATUS_IGNORED:
+        return await fn(*args)
+    return await fn(*args, task_status=task_status)

@@ -494,3 +494,64 @@ async def test_answers_to_writes_outlast_a_client_that_stops_reading(tmp_path, n
     await stream.aclose()
     await other.aclose()
     server.stop()
+
+
+def _shipped_config_on_free_ports(tmp_path: Path) -> Path:
+    """conf/boxqueue.toml with every listener on a free loopback port, its data under tmp_path."""
+    import re
+
+    shipped = (Path(__file__).parents[2] / "conf" / "boxqueue.toml").read_text()
+    text = re.sub(r'^(\w*listen) = "[^"]*"', r'\1 = "127.0.0.1:0"', shipped, flags=re.M)
+    text = re.sub(r'^data_dir = "[^"]*"', 'data_dir = "d"', text, flags=re.M)
+    text = re.sub(r'^mode = "fsync"', 'mode = "none"', text, flags=re.M)
+    cfg = tmp_path / "all.toml"
+    cfg.write_text(text)
+    return cfg
+
+
+def _tasks_below(task: trio.lowlevel.Task) -> list[trio.lowlevel.Task]:
+    found = [task]
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            found += _tasks_below(child)
+    return found
+
+
+async def test_every_task_of_a_running_server_has_a_root_trio_can_ask(tmp_path, nursery):
+    """trio asks a task's root coroutine ``inspect.getcoroutinestate`` when the task takes a
+    ``trio.Lock``; a compiled (Cython) coroutine at a task's root cannot answer, and the task
+    would fail there (boxqueue/task_roots.py). Every door open, a call waiting in an iproto
+    connection and idle connections on the other doors: every task's root answers."""
+    import inspect
+
+    server = Server(load_config(_shipped_config_on_free_ports(tmp_path)), handle_signals=False)
+    ports = await nursery.start(server.run)
+    assert {"deckard", "zaqar", "sonya", "metrics"} <= set(ports.extra)
+    stream = await connect(ports.iproto)
+    buf = bytearray()
+    # A take that waits (a call's task in the connection) and, before it, a ping answered.
+    await stream.send_all(frame({0x00: 0x0A, 0x01: 1}, {0x22: "box.queue.take", 0x21: [0, "tube", 30]}))
+    await stream.send_all(frame({0x00: 0x40, 0x01: 2}))
+    header, _ = await read_response(stream, buf)
+    assert header[0x01] == 2 and header[0x00] == 0
+    others = [await trio.open_tcp_stream("127.0.0.1", ports.extra[door]) for door in ("deckard", "zaqar", "sonya")]
+    await others[0].send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"))
+    await trio.sleep(0.2)
+
+    tasks = _tasks_below(trio.lowlevel.current_root_task())
+    unanswered = []
+    for task in tasks:
+        try:
+            inspect.getcoroutinestate(task.coro)
+        except AttributeError:
+            unanswered.append(task.name)
+    assert unanswered == [], unanswered
+    # What the compiled modules' tasks run under their Python roots: the connection's sender and
+    # its waiting call, the request statistics, the Lua thread and the queue module among them.
+    rooted = {getattr(task.coro.cr_frame.f_locals["fn"], "__qualname__", "?")
+              for task in tasks if task.name.endswith("python_root")}
+    assert {"Connection._send_loop", "Connection._run", "RequestStats.run", "LuaEngine.run", "QueueModule.run"} <= rooted, rooted
+    for other in others:
+        await other.aclose()
+    await stream.aclose()
+    server.stop()
