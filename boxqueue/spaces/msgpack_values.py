@@ -196,7 +196,13 @@ def make_unpacker(max_buffer_size: int = 0) -> msgpack.Unpacker:
     )
 
 
-_packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape", default=_default)
+# Strings are packed as UTF-8 by msgpack's own fast path. A packer given ``unicode_errors`` takes
+# the codec machinery's path for every string instead (``PyUnicode_AsEncodedString``: a codec
+# lookup, about 1,300 instructions a string, most of a task header's packing); the escaping packer
+# is therefore asked only for a value holding a string with surrogates, which stand for bytes that
+# were not UTF-8 (decoded with ``surrogateescape``) and go back out as those bytes.
+_packer = msgpack.Packer(use_bin_type=True, default=_default)
+_escaping_packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogateescape", default=_default)
 
 
 def pack(value: Any) -> bytes:
@@ -205,6 +211,15 @@ def pack(value: Any) -> bytes:
         return _packer.pack(value)
     except TypeError:
         # A PairsMap somewhere inside (or a value msgpack cannot carry, which fails again below).
+        return _pack_with_pairs(value)
+    except UnicodeEncodeError:
+        return _pack_escaping(value)
+
+
+def _pack_escaping(value: Any) -> bytes:
+    try:
+        return _escaping_packer.pack(value)
+    except TypeError:
         return _pack_with_pairs(value)
 
 
@@ -215,7 +230,7 @@ def _pack_with_pairs(value: Any) -> bytes:
         return _array_header(len(value)) + b"".join(pack(v) for v in value)
     if isinstance(value, dict):
         return _map_header(len(value)) + b"".join(pack(k) + pack(v) for k, v in value.items())
-    return _packer.pack(value)
+    return _escaping_packer.pack(value)
 
 
 # The one-byte headers of arrays of fewer than 16 items, made once (every reply and rewritten task
@@ -257,7 +272,7 @@ def pack_array(values: list[Any] | tuple[Any, ...]) -> bytes:
             if len(values) == 1 and type(v) is Raw:  # a call's one stored tuple (box.queue's answers)
                 return _FIXARRAY_HEADERS[1] + v
             return _array_header(len(values)) + b"".join([_pack_item(v) for v in values])
-    return _packer.pack(values)
+    return pack(values)
 
 
 # Item types that can never hold a Raw piece: a list of these packs in one call.
