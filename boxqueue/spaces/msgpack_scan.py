@@ -125,7 +125,8 @@ _FIX_ARRAYS = tuple(bytes([0x90 | n]) for n in range(16))
 
 
 @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
-               at=cython.Py_ssize_t, items=cython.Py_ssize_t, start=cython.Py_ssize_t, total=cython.Py_ssize_t)
+               at=cython.Py_ssize_t, items=cython.Py_ssize_t, start=cython.Py_ssize_t, total=cython.Py_ssize_t,
+               kept=cython.p_char, fresh=cython.p_char)
 def head_replaced(buf: bytes, upto: cython.Py_ssize_t, head: bytes) -> tuple[int, bytes]:
     """The msgpack array in ``buf`` (all of it, checked to its end) with its first ``upto`` items
     replaced by those of the array ``head`` (``upto`` items): the item count of ``buf`` and the new
@@ -154,7 +155,9 @@ def head_replaced(buf: bytes, upto: cython.Py_ssize_t, head: bytes) -> tuple[int
         header = b"\xdc" + total.to_bytes(2, "big")
     else:
         header = b"\xdd" + total.to_bytes(4, "big")
-    return count, b"".join((header, head[start:], buf[at:]))
+    kept = buf  # (compiled: cut from the buffers as char pointers, both ends given; see tubes/task.py's rettask)
+    fresh = head
+    return count, b"".join((header, fresh[start:len(head)], kept[at:end]))
 
 
 @cython.boundscheck(False)

@@ -27,7 +27,7 @@ from boxqueue.spaces import fieldtypes, msgpack_scan
 from boxqueue.spaces import iterators as it
 from boxqueue.spaces.definitions import IndexDef, SpaceDef
 from boxqueue.spaces.index_views import IndexViews
-from boxqueue.spaces.msgpack_values import pack, unpack
+from boxqueue.spaces.msgpack_values import pack, pack_flat, unpack
 from boxqueue.spaces.update import UpdateOp, apply_ops
 from boxqueue.storage import keys
 from boxqueue.storage import keys as key_encoding
@@ -621,7 +621,7 @@ class Space:
             return None
         pk_stored, raw = located
         n = len(head)
-        count, new_raw = msgpack_scan.head_replaced(raw, n, pack(head))
+        count, new_raw = msgpack_scan.head_replaced(raw, n, pack_flat(head))
         if head_key is not None and count >= n and not self.secondaries:
             # Without secondary indexes in LMDB nothing needs the stored fields decoded: the kept
             # ones were checked when stored (and again by any change of format since), the head

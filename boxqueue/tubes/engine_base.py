@@ -25,7 +25,7 @@ import boxqueue.tubes.transitions as tr
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.later import Later
-from boxqueue.spaces.msgpack_values import pack
+from boxqueue.spaces.msgpack_values import pack, pack_flat
 from boxqueue.spaces.ownership import Owner
 from boxqueue.spaces.space import REPLACE, Space
 from boxqueue.tubes.kinds import BOX_QUEUE_KIND, TubeKind
@@ -556,7 +556,7 @@ class EngineBase:
         new = list(inserts)
         for task, past_header in new:  # packed once with the header, and checked as values
             fields = task.header() + past_header
-            writes.append(space.prepare_put(pack(fields), fields, REPLACE))
+            writes.append(space.prepare_put(pack_flat(fields), fields, REPLACE))
         writes.extend(records)
         if new:
             tube.pending += 1

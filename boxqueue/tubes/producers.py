@@ -13,7 +13,7 @@ import trio
 
 import boxqueue.tubes.transitions as tr
 from boxqueue.spaces.later import Later
-from boxqueue.spaces.msgpack_values import pack
+from boxqueue.spaces.msgpack_values import pack_flat
 from boxqueue.spaces.space import INSERT, REPLACE
 from boxqueue.tubes.engine_base import (
     MAX_TIME_US,
@@ -123,7 +123,7 @@ class Producers(EngineBase):
         else:
             fields = [*task.header(), {}, *data]  # (no attachments)
             op = REPLACE
-        raw = pack(fields)
+        raw = pack_flat(fields)
         write = queue_space.space.prepare_put(raw, fields, op)
         later: Later[bytes] = Later()
         tube.pending += 1

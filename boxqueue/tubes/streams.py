@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from boxqueue.errcodes import BoxError
-from boxqueue.spaces.msgpack_values import pack
+from boxqueue.spaces.msgpack_values import pack_flat
 from boxqueue.spaces.space import REPLACE, Space, decode_tuple
 from boxqueue.tubes.engine_base import (
     CLAIM_RECORDS,
@@ -183,7 +183,7 @@ class Streams(Monitors):
         writes = []
         for row, fields in enumerate(tuples):
             try:
-                writes.append(space.prepare_put(pack(fields), fields, REPLACE))
+                writes.append(space.prepare_put(pack_flat(fields), fields, REPLACE))
             except BoxError as exc:
                 raise BoxError(exc.code, message=f"row {row}: {exc.message}", error_type=exc.error_type) from None
         if mark is not None:

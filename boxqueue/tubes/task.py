@@ -198,7 +198,7 @@ class Task:
 
 @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
                first=cython.Py_ssize_t, status_at=cython.Py_ssize_t, status_end=cython.Py_ssize_t,
-               data=cython.Py_ssize_t, upto=cython.Py_ssize_t, items=cython.Py_ssize_t)
+               data=cython.Py_ssize_t, upto=cython.Py_ssize_t, items=cython.Py_ssize_t, chars=cython.p_char)
 def rettask(raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
     """What the queue functions return from a stored task tuple, ``[id, tube, status name,
     data...]``: the id and the tube as stored, the status by its name, the data fields as stored.
@@ -233,7 +233,10 @@ def rettask(raw: bytes, data_at: int = HEADER_FIELDS) -> Raw:
         named = pack(HUMAN.get(value, value))
     items = 3 + max(count - upto, 0)
     header = _FIXARRAY_HEADERS[items] if items < 16 else array_header(items)
-    return Raw(b"".join((header, raw[first:status_at], named, raw[data:])))
+    # Compiled, the pieces are cut from the bytes' buffer (a slice of a char pointer, both ends
+    # given: the data may hold zero bytes); a bytes slice goes through a slice object.
+    chars = raw
+    return Raw(b"".join((header, chars[first:status_at], named, chars[data:end])))
 
 
 _PACKED_NAMES_BY_LETTER = cython.declare(dict, {ord(status): pack(name) for status, name in HUMAN.items()})

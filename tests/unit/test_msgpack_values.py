@@ -10,7 +10,7 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from boxqueue.spaces.msgpack_values import PairsMap, Raw, pack, pack_array, unpack
+from boxqueue.spaces.msgpack_values import PairsMap, Raw, pack, pack_array, pack_flat, unpack
 
 NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")
 
@@ -43,3 +43,27 @@ def test_pack_gives_the_bytes_the_escaping_packer_gives(items):
     values = [v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) and len(v) % 2 else v for v in items]
     assert pack(values) == escaped(values)
     assert pack_array(values) == escaped(values)
+
+
+FLAT_ITEMS = st.one_of(
+    st.integers(-(2**63), 2**64 - 1), st.integers(-300, 300),
+    st.sampled_from([0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 2**32 - 1, 2**32, 2**63 - 1, -32, -33, -128, -129,
+                     -(2**15), -(2**15) - 1, -(2**31), -(2**31) - 1, -(2**63)]),
+    st.text(max_size=300), st.text(alphabet=st.characters(max_codepoint=127), max_size=300),
+    st.none(), st.booleans(),
+    st.binary(max_size=10), st.floats(allow_nan=False), st.lists(st.integers(-5, 5), max_size=3),  # pack's own path
+)
+
+
+@given(st.lists(FLAT_ITEMS, max_size=20))
+def test_pack_flat_gives_msgpacks_bytes(items):
+    """pack_flat writes small lists of ASCII strings, integers (every width, both signs, at each
+    edge), nil and booleans itself, and leaves the rest to pack: the bytes are msgpack's."""
+    assert pack_flat(items) == escaped(items)
+
+
+def test_pack_flat_of_a_task_header():
+    header = ["01a22727657a72c19acea22525cfd9ce", "bench", "r", 1798113223034705, 127, 128, 0,
+              1795953223034705, 2160000000000, 60000000, 0, 0, "x" * 64]
+    assert pack_flat(header) == escaped(header)
+    assert pack_flat([NOT_UTF8, -1]) == escaped([NOT_UTF8, -1])
