@@ -236,13 +236,13 @@ def _pack_with_pairs(value: Any) -> bytes:
 _FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # bytes pack_flat writes in its own buffer; more go to pack
 
 
-@cython.locals(buf=cython.uchar[512], pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t,
+@cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t,
                n=cython.longlong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
                text=str)
 def pack_flat(values: list[Any]) -> bytes:
     """:func:`pack` of a list of fewer than 16 items, written here (compiled) when every item is
-    an ASCII string shorter than 256, an integer of 64 bits, nil or a boolean, as a task's header
-    and most task tuples are, and the whole fits 512 bytes: msgpack's bytes, without its packer's
+    an ASCII string or a byte string shorter than 256, an integer of 64 bits, nil, a boolean or an
+    empty map, as a task's header and most task tuples are, and the whole fits 512 bytes: msgpack's bytes, without its packer's
     set-up and type dispatch, which cost more than such small items. Anything else, and every
     list when the module runs uncompiled, goes to :func:`pack`."""
     if not cython.compiled:
@@ -250,28 +250,38 @@ def pack_flat(values: list[Any]) -> bytes:
     count = len(values)
     if count >= 16:
         return pack(values)
+    buf = cython.declare(cython.uchar[512])
     buf[0] = 0x90 | count
     pos = 1
     for v in values:
         if pos > _FLAT_ROOM - 9:  # (room for an integer's 9 bytes; a string checks its own)
             return pack(values)
         t = type(v)
-        if t is str:
-            text = v
-            try:
-                encoded = text.encode("ascii")
-            except UnicodeEncodeError:  # (UTF-8, or bytes escaped as surrogates: msgpack's to write)
-                return pack(values)
-            size = len(encoded)
-            if size < 32:
-                buf[pos] = 0xA0 | size
-                pos += 1
-            elif size < 0x100:
-                buf[pos] = 0xD9
+        if t is str or t is bytes:
+            if t is str:
+                text = v
+                try:
+                    encoded = text.encode("ascii")
+                except UnicodeEncodeError:  # (UTF-8, or bytes escaped as surrogates: msgpack's to write)
+                    return pack(values)
+                size = len(encoded)
+                if size < 32:
+                    buf[pos] = 0xA0 | size
+                    pos += 1
+                elif size < 0x100:
+                    buf[pos] = 0xD9
+                    buf[pos + 1] = size
+                    pos += 2
+                else:
+                    return pack(values)
+            else:
+                encoded = v
+                size = len(encoded)
+                if size >= 0x100:
+                    return pack(values)
+                buf[pos] = 0xC4
                 buf[pos + 1] = size
                 pos += 2
-            else:
-                return pack(values)
             if pos + size > _FLAT_ROOM:
                 return pack(values)
             chars = encoded
@@ -323,6 +333,9 @@ def pack_flat(values: list[Any]) -> bytes:
                 pos += 1
         elif v is None:
             buf[pos] = 0xC0
+            pos += 1
+        elif t is dict and not v:  # (the tube layout's empty attachments)
+            buf[pos] = 0x80
             pos += 1
         elif t is bool:
             buf[pos] = 0xC3 if v else 0xC2

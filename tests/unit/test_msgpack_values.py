@@ -50,15 +50,16 @@ FLAT_ITEMS = st.one_of(
     st.sampled_from([0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 2**32 - 1, 2**32, 2**63 - 1, -32, -33, -128, -129,
                      -(2**15), -(2**15) - 1, -(2**31), -(2**31) - 1, -(2**63)]),
     st.text(max_size=300), st.text(alphabet=st.characters(max_codepoint=127), max_size=300),
-    st.none(), st.booleans(),
-    st.binary(max_size=10), st.floats(allow_nan=False), st.lists(st.integers(-5, 5), max_size=3),  # pack's own path
+    st.none(), st.booleans(), st.binary(max_size=300), st.just({}),
+    st.floats(allow_nan=False), st.lists(st.integers(-5, 5), max_size=3),  # pack's own path
 )
 
 
 @given(st.lists(FLAT_ITEMS, max_size=20))
 def test_pack_flat_gives_msgpacks_bytes(items):
-    """pack_flat writes small lists of ASCII strings, integers (every width, both signs, at each
-    edge), nil and booleans itself, and leaves the rest to pack: the bytes are msgpack's."""
+    """pack_flat writes small lists of ASCII strings, byte strings, integers (every width, both
+    signs, at each edge), nil, booleans and empty maps itself, and leaves the rest to pack: the
+    bytes are msgpack's."""
     assert pack_flat(items) == escaped(items)
 
 
