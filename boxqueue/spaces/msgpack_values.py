@@ -237,12 +237,12 @@ _FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # bytes pack_flat writes in
 
 
 @cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t,
-               n=cython.longlong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
+               n=cython.longlong, u=cython.ulonglong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
                text=str)
 def pack_flat(values: list[Any]) -> bytes:
     """:func:`pack` of a list of fewer than 16 items, written here (compiled) when every item is
-    an ASCII string or a byte string shorter than 256, an integer of 64 bits, nil, a boolean or an
-    empty map, as a task's header and most task tuples are, and the whole fits 512 bytes: msgpack's bytes, without its packer's
+    an ASCII string or a byte string shorter than 256, an integer that fits 64 bits (signed or
+    not), nil, a boolean or an empty map, as a task's header and most task tuples are, and the whole fits 512 bytes: msgpack's bytes, without its packer's
     set-up and type dispatch, which cost more than such small items. Anything else, and every
     list when the module runs uncompiled, goes to :func:`pack`."""
     if not cython.compiled:
@@ -291,8 +291,19 @@ def pack_flat(values: list[Any]) -> bytes:
         elif t is int:
             try:
                 n = v
-            except OverflowError:  # (beyond 64 bits signed: msgpack's uint64, or its error)
-                return pack(values)
+            except OverflowError:  # beyond 64 bits signed: a uint64 (a claim's consumer id), or msgpack's error
+                try:
+                    u = v
+                except OverflowError:
+                    return pack(values)
+                buf[pos] = 0xCF
+                pos += 1
+                size = 8
+                while size:
+                    size -= 1
+                    buf[pos] = (u >> (8 * size)) & 0xFF
+                    pos += 1
+                continue
             if n >= 0:
                 if n < 0x80:
                     buf[pos] = n
