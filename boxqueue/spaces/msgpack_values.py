@@ -233,18 +233,19 @@ def _pack_with_pairs(value: Any) -> bytes:
     return _escaping_packer.pack(value)
 
 
-_FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # bytes pack_flat writes in its own buffer; more go to pack
+_FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # the size of pack_flat's own buffer (declared there as 512)
 
 
-@cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t,
-               n=cython.longlong, u=cython.ulonglong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
+@cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t, n=cython.longlong,
+               u=cython.ulonglong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
                text=str)
 def pack_flat(values: list[Any]) -> bytes:
     """:func:`pack` of a list of fewer than 16 items, written here (compiled) when every item is
     an ASCII string or a byte string shorter than 256, an integer that fits 64 bits (signed or
-    not), nil, a boolean or an empty map, as a task's header and most task tuples are, and the whole fits 512 bytes: msgpack's bytes, without its packer's
-    set-up and type dispatch, which cost more than such small items. Anything else, and every
-    list when the module runs uncompiled, goes to :func:`pack`."""
+    not), nil, a boolean or an empty map, as a task's header and most task tuples are, and the
+    whole fits 512 bytes: msgpack's bytes, without its packer's set-up and type dispatch, which
+    cost more than such small items. Anything else, and every list when the module runs
+    uncompiled, goes to :func:`pack`."""
     if not cython.compiled:
         return pack(values)
     count = len(values)
@@ -297,50 +298,43 @@ def pack_flat(values: list[Any]) -> bytes:
                 except OverflowError:
                     return pack(values)
                 buf[pos] = 0xCF
-                pos += 1
                 size = 8
-                while size:
-                    size -= 1
-                    buf[pos] = (u >> (8 * size)) & 0xFF
-                    pos += 1
-                continue
-            if n >= 0:
-                if n < 0x80:
-                    buf[pos] = n
-                    pos += 1
-                    continue
-                if n < 0x100:
-                    buf[pos] = 0xCC
+            else:
+                u = cython.cast(cython.ulonglong, n)  # (a negative's two's complement bits)
+                size = 0  # a fixint: the one byte below
+                if n >= 0:
+                    if n < 0x80:
+                        buf[pos] = n
+                    elif n < 0x100:
+                        buf[pos] = 0xCC
+                        size = 1
+                    elif n < 0x10000:
+                        buf[pos] = 0xCD
+                        size = 2
+                    elif n < 0x100000000:
+                        buf[pos] = 0xCE
+                        size = 4
+                    else:
+                        buf[pos] = 0xCF
+                        size = 8
+                elif n >= -32:
+                    buf[pos] = n & 0xFF
+                elif n >= -0x80:
+                    buf[pos] = 0xD0
                     size = 1
-                elif n < 0x10000:
-                    buf[pos] = 0xCD
+                elif n >= -0x8000:
+                    buf[pos] = 0xD1
                     size = 2
-                elif n < 0x100000000:
-                    buf[pos] = 0xCE
+                elif n >= -0x80000000:
+                    buf[pos] = 0xD2
                     size = 4
                 else:
-                    buf[pos] = 0xCF
+                    buf[pos] = 0xD3
                     size = 8
-            elif n >= -32:
-                buf[pos] = n & 0xFF
-                pos += 1
-                continue
-            elif n >= -0x80:
-                buf[pos] = 0xD0
-                size = 1
-            elif n >= -0x8000:
-                buf[pos] = 0xD1
-                size = 2
-            elif n >= -0x80000000:
-                buf[pos] = 0xD2
-                size = 4
-            else:
-                buf[pos] = 0xD3
-                size = 8
             pos += 1
-            while size:  # big-endian, two's complement for the negative
+            while size:  # big-endian
                 size -= 1
-                buf[pos] = (n >> (8 * size)) & 0xFF
+                buf[pos] = (u >> (8 * size)) & 0xFF
                 pos += 1
         elif v is None:
             buf[pos] = 0xC0

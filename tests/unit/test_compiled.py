@@ -42,7 +42,6 @@ def test_stale_extensions_tell_a_build_in_place_from_an_installed_package(tmp_pa
     assert compiled.stale_extensions(built_here_only=True) == []
 
 
-
 ALLOWED_ROOTS = ("python_root", "partial(trio.to_thread.run_sync")  # ours, or trio's own thread host
 
 
