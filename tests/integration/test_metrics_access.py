@@ -75,11 +75,11 @@ def test_no_users_no_login(tmp_path):
 
 
 def test_recovering_is_reported_until_the_tubes_are_rebuilt(tmp_path):
-    """A store of 40,000 tasks: while the restarted server loads them, /metrics and the
+    """A store of 150,000 tasks: while the restarted server loads them, /metrics and the
     snapshot say "recovering" (the metrics listener starts before recovery), and the log shows
     the counts; afterwards "ready" with the time recovery took. The tasks are put through
     box.queue.put (the queue space refuses direct writes)."""
-    tasks = 40_000
+    tasks = 150_000
     server, port = start(tmp_path, QUEUE_SPACE_0)
     # box.queue.put(space, tube, delay, ttl, ttr, pri, data...): ready, a day to live.
     _pipelined_calls(server.port, [("box.queue.put", [0, f"tube{i % 50}", 0, 86400, 300, 0, "data"])
