@@ -384,9 +384,10 @@ class GroupCommitter:
 
     # -- the logged path (fsync mode) ----------------------------------------------------------
     #
-    # A group goes through three steps: applied on the event loop (its RedoTxn); then, in one
-    # worker thread call made by the flusher task, appended to the log and committed to LMDB
-    # (without flushing LMDB), and the log flushed. When LMDB has the group and at least
+    # A group goes through three steps: applied on the event loop (its RedoTxn); then, in the
+    # log thread (handed over by the commit loop once applied, its answer awaited by the flusher
+    # task), appended to the log and committed to LMDB (without flushing LMDB), and the log
+    # flushed. When LMDB has the group and at least
     # EARLY_NEXT_GROUP writes wait (or followers are fed), the thread tells the event loop
     # (``committed``) at once, which applies the next batch while the flush runs; otherwise the
     # loop hears it with the flush. The next group's append waits for that flush and the replies (``_log_free``), so
@@ -446,7 +447,29 @@ class GroupCommitter:
             self._fed(fed)
             return False
         committed = trio.Event()
-        self._flushing = (raw, record, lsn, batch, committed, started, fed, self.quorum is not None and not forced)
+        token = trio.lowlevel.current_trio_token()
+        queue = self._queue
+
+        def in_lmdb() -> None:
+            committed.set()
+            self._fed(fed)  # followers get it while it is flushed here
+
+        def in_lmdb_now() -> None:
+            # In the log thread. Told early, the commit loop applies the next group while this
+            # one is flushed; worth it only when many writes wait: else the writes that arrive
+            # during the flush make the next group bigger, and a group's fixed cost is shared by
+            # more of them. Followers are always told early: they flush while this node does.
+            if self.feed is not None or len(queue.pending) >= EARLY_NEXT_GROUP:
+                token.run_sync_soon(in_lmdb)
+
+        # The thread starts on the group now; the flusher awaits it and answers the group.
+        # (Handed over by the flusher, the group waited for the rest of the scheduler's batch,
+        # the other connections' requests, before its flush began.)
+        early = self._log_thread.running
+        if early:
+            self._log_thread.start(self._write_group, raw, record, lsn, in_lmdb_now)
+        self._flushing = (raw, record, lsn, batch, committed, started, in_lmdb, in_lmdb_now, early,
+                          self.quorum is not None and not forced)
         self._flush_wanted.set()
         await committed.wait()
         return True
@@ -510,8 +533,6 @@ class GroupCommitter:
     async def _flusher(self) -> None:
         """Writes, commits and flushes each group handed to it, then answers it. Shielded: it
         stops when the commit loop says so (:meth:`_stop_flusher`), after its last group."""
-        token = trio.lowlevel.current_trio_token()
-        queue = self._queue
         with trio.CancelScope(shield=True):
             while True:
                 await self._flush_wanted.wait()
@@ -520,24 +541,13 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed, started, fed, waits = group
-
-                def in_lmdb(committed: trio.Event = committed, fed: list[tuple[int, int, bytes]] = fed) -> None:
-                    committed.set()
-                    self._fed(fed)  # followers get it while it is flushed here
-
-                def in_lmdb_now(in_lmdb: Callable[[], None] = in_lmdb) -> None:
-                    # In the log thread. Told early, the commit loop applies the next group
-                    # while this one is flushed; worth it only when many writes wait: else the
-                    # writes that arrive during the flush make the next group bigger, and a
-                    # group's fixed cost is shared by more of them. Followers are always told
-                    # early: they flush while this node does.
-                    if self.feed is not None or len(queue.pending) >= EARLY_NEXT_GROUP:
-                        token.run_sync_soon(in_lmdb)
-
+                raw, record, lsn, batch, committed, started, in_lmdb, in_lmdb_now, early, waits = group
                 failed = False
                 try:
-                    await self._log_thread.call(self._write_group, raw, record, lsn, in_lmdb_now)
+                    if early:
+                        await self._log_thread.result()
+                    else:
+                        await self._log_thread.call(self._write_group, raw, record, lsn, in_lmdb_now)
                 except BaseException as exc:
                     failed = True
                     if isinstance(exc, StorageError) and exc.no_space and self.no_space_since is None:

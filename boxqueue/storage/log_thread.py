@@ -3,7 +3,8 @@
 ``trio.to_thread.run_sync`` costs, per call, a capacity limiter, a hand-off to a cached worker
 thread (which names itself with two ``prctl`` calls), and the outcome's trip back through the
 event loop's wake-up socket. The committer makes one such call per durable group. One long-lived
-thread fed by a queue, answering through the trio token, does the same with one hand-off each way.
+thread fed by a queue, answering through an eventfd the caller polls, does the same with one
+hand-off each way.
 
 The thread is owned by a task (:meth:`LogThread.run`, started in the committer's nursery): started
 there and joined when that task is cancelled, so nothing outlives its owner.
@@ -11,6 +12,7 @@ there and joined when that task is cancelled, so nothing outlives its owner.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -23,18 +25,26 @@ __all__ = ["LogThread"]
 
 
 class LogThread:
-    """Runs functions one at a time in its own thread; :meth:`call` awaits one."""
+    """Runs functions one at a time in its own thread; :meth:`call` awaits one.
+
+    The thread says a function is done through an eventfd the caller waits on with
+    ``trio.lowlevel.wait_readable``: the event loop's poll makes the caller runnable at once.
+    Through the trio token (``run_sync_soon``), trio's entry-queue task would run first and
+    reschedule the caller one batch of tasks later; with clients sending one request at a time
+    that batch is the other connections' requests, and each group's answers waited for it."""
 
     def __init__(self, name: str = "boxqueue-log") -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Any] | None] = queue.SimpleQueue()
-        self._token: trio.lowlevel.TrioToken | None = None
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._done_fd = -1
+        self._done: outcome.Outcome[Any] | None = None
+        self._free = trio.Semaphore(1, max_value=1)  # one call at a time: the thread answers through one eventfd
         self._running = False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the thread and keep it until cancelled; then let it finish what it was given and
         join it."""
-        self._token = trio.lowlevel.current_trio_token()
+        self._done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
         thread.start()
         self._running = True
@@ -46,27 +56,51 @@ class LogThread:
             self._jobs.put(None)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
+            trio.lowlevel.notify_closing(self._done_fd)
+            os.close(self._done_fd)
+            self._done_fd = -1
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Hand ``fn(*args)`` to the running thread now; :meth:`result` awaits it. Raises
+        ``trio.WouldBlock`` while another call's result is awaited (the committer's calls hold
+        its log lock, so its own never meet)."""
+        if not self._running:
+            raise RuntimeError("the log thread is not running")
+        self._free.acquire_nowait()
+        self._jobs.put((fn, args))
+
+    async def result(self) -> Any:
+        """The result of what :meth:`start` handed over, or its exception raised here. Not
+        cancellable (as ``trio.to_thread.run_sync`` by default): what the thread started, it
+        finishes."""
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.wait_readable(self._done_fd)
+            os.eventfd_read(self._done_fd)
+            done, self._done = self._done, None
+        finally:
+            self._free.release()
+        assert done is not None  # set by the thread before it wrote the eventfd
+        return done.unwrap()
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in the thread: its result, or its exception raised here. Not cancellable
-        (as ``trio.to_thread.run_sync`` by default): what the thread started, it finishes. In a
-        worker thread of trio's when the log thread is not running (before :meth:`run`, after it)."""
+        """``fn(*args)`` in the thread, once the calls before it are answered. In a worker thread
+        of trio's when the log thread is not running (before :meth:`run`, after it)."""
         if not self._running:
             return await trio.to_thread.run_sync(fn, *args)
-        self._jobs.put((fn, args, trio.lowlevel.current_task()))
-        return await trio.lowlevel.wait_task_rescheduled(_not_abortable)
+        await self._free.acquire()
+        self._jobs.put((fn, args))
+        return await self.result()
 
     def _serve(self) -> None:
-        token = self._token
-        assert token is not None
-        reschedule = trio.lowlevel.reschedule
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            fn, args, task = job
-            token.run_sync_soon(reschedule, task, outcome.capture(fn, *args))
-
-
-def _not_abortable(_raise_cancel: Any) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
+            fn, args = job
+            self._done = outcome.capture(fn, *args)
+            os.eventfd_write(self._done_fd, 1)

@@ -85,3 +85,39 @@ def test_without_its_thread_a_call_runs_in_a_worker_thread() -> None:
 
     name = trio.run(main)
     assert name not in ("never-started", threading.main_thread().name)
+
+
+def test_a_call_handed_over_now_is_answered_to_whoever_awaits_it() -> None:
+    """The committer hands a group to the thread as soon as it is applied (``start``) and its
+    flusher task awaits the answer (``result``); meanwhile no other call may be handed over."""
+    began = threading.Event()
+    release = threading.Event()
+
+    def flush(n: int) -> int:
+        began.set()
+        release.wait(5)
+        return n + 1
+
+    async def main() -> tuple[int, bool, int]:
+        lt = LogThread()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lt.run)
+            lt.start(flush, 41)
+            await trio.to_thread.run_sync(began.wait, 5)  # the thread is on it before anyone awaits
+            refused = False
+            try:
+                lt.start(flush, 0)
+            except trio.WouldBlock:
+                refused = True
+            answers: list[int] = []
+
+            async def flusher() -> None:
+                answers.append(await lt.result())
+
+            nursery.start_soon(flusher)
+            release.set()
+            later = await lt.call(lambda: 7)  # waits for the first answer, then runs
+            nursery.cancel_scope.cancel()
+        return answers[0], refused, later
+
+    assert trio.run(main) == (42, True, 7)
