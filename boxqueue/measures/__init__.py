@@ -73,7 +73,8 @@ class RequestMeter:
 
     For the APIs whose requests cost far more than this bookkeeping (HTTP, gRPC, the console):
     one call of :meth:`record` per request. The iproto server keeps its own cheaper counts
-    (``boxqueue.iproto.request_stats``). Thread-safe, since grpcio runs Deckard's calls on a pool.
+    (``boxqueue.iproto.request_stats``). Requests are counted on the event loop; the lock is for
+    the scrapes, which read the meters in a worker thread (``boxqueue/metrics/app.py``).
     """
 
     def __init__(self, api: str) -> None:
