@@ -23,6 +23,8 @@ import trio
 
 __all__ = ["LogThread"]
 
+CLOSE_WAIT_S = 10.0  # at the end, how long an answer the thread gave may wait for its caller
+
 
 class LogThread:
     """Runs functions one at a time in its own thread; :meth:`call` awaits one.
@@ -56,9 +58,17 @@ class LogThread:
             self._jobs.put(None)
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
+                # A call handed over before the end is answered through the eventfd: its caller
+                # reads it before it is closed (bounded, should that caller be gone).
+                answered = False
+                with trio.move_on_after(CLOSE_WAIT_S):
+                    await self._free.acquire()
+                    answered = True
             trio.lowlevel.notify_closing(self._done_fd)
             os.close(self._done_fd)
             self._done_fd = -1
+            if answered:
+                self._free.release()
 
     @property
     def running(self) -> bool:
@@ -93,6 +103,9 @@ class LogThread:
         if not self._running:
             return await trio.to_thread.run_sync(fn, *args)
         await self._free.acquire()
+        if not self._running:  # it stopped while this call waited its turn
+            self._free.release()
+            return await trio.to_thread.run_sync(fn, *args)
         self._jobs.put((fn, args))
         return await self.result()
 

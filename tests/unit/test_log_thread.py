@@ -121,3 +121,32 @@ def test_a_call_handed_over_now_is_answered_to_whoever_awaits_it() -> None:
         return answers[0], refused, later
 
     assert trio.run(main) == (42, True, 7)
+
+
+def test_an_answer_given_as_the_thread_ends_still_reaches_its_caller() -> None:
+    """The thread's owner is cancelled while a call handed over is still running: the thread
+    finishes it, and its caller reads the answer before the eventfd is closed."""
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(5)
+        return "flushed"
+
+    async def main() -> list[str]:
+        lt = LogThread()
+        answers: list[str] = []
+
+        async def flusher() -> None:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.2)  # reads the answer only after the owner began to close
+                answers.append(await lt.result())
+
+        async with trio.open_nursery() as outer, trio.open_nursery() as owner:
+            await owner.start(lt.run)
+            lt.start(slow)
+            outer.start_soon(flusher)
+            threading.Timer(0.05, release.set).start()
+            owner.cancel_scope.cancel()
+        return answers
+
+    assert trio.run(main) == ["flushed"]
