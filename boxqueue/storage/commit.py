@@ -387,11 +387,10 @@ class GroupCommitter:
     # A group goes through three steps: applied on the event loop (its RedoTxn); then, in the
     # log thread (handed over by the commit loop once applied, its answer awaited by the flusher
     # task), appended to the log and committed to LMDB (without flushing LMDB), and the log
-    # flushed. When LMDB has the group and at least
-    # EARLY_NEXT_GROUP writes wait (or followers are fed), the thread tells the event loop
-    # (``committed``) at once, which applies the next batch while the flush runs; otherwise the
-    # loop hears it with the flush. The next group's append waits for that flush and the replies (``_log_free``), so
-    # groups are answered in order, and readers, which move on only when a group is answered,
+    # flushed. When LMDB has the group and at least EARLY_NEXT_GROUP writes wait (or followers
+    # are fed), the thread tells the event loop (``committed``) at once, which applies the next
+    # batch while the flush runs; otherwise the loop hears it with the flush. The next group's
+    # append waits for that flush and the replies (``_log_free``), so groups are answered in order, and readers, which move on only when a group is answered,
     # never see a group that is not on disk. A checkpoint's switch of segments takes
     # ``_log_free`` too.
 

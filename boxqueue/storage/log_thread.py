@@ -56,11 +56,11 @@ class LogThread:
         finally:
             self._running = False
             self._jobs.put(None)
+            answered = False
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
                 # A call handed over before the end is answered through the eventfd: its caller
                 # reads it before it is closed (bounded, should that caller be gone).
-                answered = False
                 with trio.move_on_after(CLOSE_WAIT_S):
                     await self._free.acquire()
                     answered = True
