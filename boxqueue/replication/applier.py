@@ -1,22 +1,25 @@
 """The follower's side of the stream: connect to the leader, follow its log, hold every record.
 
 :meth:`Applier.follow` connects to the leader's iproto listener as a client would (greeting,
-AUTH as the configured replication user), sends SUBSCRIBE with its last record, and applies
-every record it is sent through the group committer (``submit_replicated``: its own log and
-LMDB, durable, the same LSN and term), acknowledging each once durable. Heartbeats are answered
+AUTH as the configured replication user), sends SUBSCRIBE with its log's last record, and
+hands the records it is sent to the group committer (``log_replicated``: the same LSN and term),
+which logs and flushes each batch of them, then applies them to LMDB. A record is acknowledged
+once its log holds it, without waiting for LMDB (a restart replays the log past LMDB's position):
+that takes the apply and a pass of the commit loop out of what the leader's quorum waits for.
+Records that arrive while a batch is being flushed make the next batch. Heartbeats are answered
 with an acknowledgement too. A leader that answers ER_TOO_EARLY_SUBSCRIBE gets a JOIN: the
 follower takes a fresh copy (:mod:`boxqueue.replication.copy`) and subscribes again.
 
 Records of a deposed leader are refused: a stream whose term (in the leader's answer) is older
 than the newest term this follower knows of, or a record of an older term than the one before it,
-ends the stream.
+ends the stream. A record logged and acknowledged that then cannot be applied stops the process
+(the leader counts it as held here); the log's replay at the restart applies it.
 """
 
 from __future__ import annotations
 
 import base64
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +35,7 @@ from boxqueue.replication.copy import CopyWriter
 from boxqueue.spaces import access as acl
 from boxqueue.spaces.catalog import CATALOG_DB, Catalog
 from boxqueue.storage.commit import GroupCommitter
-from boxqueue.storage.environment import Storage
+from boxqueue.storage.environment import Storage, StorageError
 from boxqueue.storage.redo import decode
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,8 @@ class StreamRefused(Exception):
 
 
 # What ends a stream (the follower connects again): the network, the leader, bad rows.
-STREAM_ENDS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, StreamRefused, ValueError)
+STREAM_ENDS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, StreamRefused, ValueError,
+               StorageError)
 
 
 def first_leaf(group: BaseExceptionGroup) -> BaseException:
@@ -84,7 +88,7 @@ class Applier:
         self.instance_uuid = instance_uuid
         self.upstream = Upstream()
         self.copies = 0
-        self.queued = 0  # the last record handed to the committer (a new stream may send it again)
+        self.queued = 0  # the last record taken from the stream (a new stream may send it again)
         # What to read again once records change a database: the catalogue's spaces, and what the
         # caller adds (the persisted Lua functions, say), once per batch of such records.
         self.reloads: dict[bytes, Callable[[], Awaitable[None]]] = {CATALOG_DB: catalog.reload, **(reloads or {})}
@@ -132,8 +136,8 @@ class Applier:
         stream, decoder = await self._connect(host, port)
         async with stream:
             storage = self.storage
-            await stream.send_all(rows.subscribe(2, self.instance_uuid, self.name, {1: storage.lsn}, storage.lsn,
-                                                 storage.last_term, VERSION_ID))
+            await stream.send_all(rows.subscribe(2, self.instance_uuid, self.name, {1: storage.logged_lsn},
+                                                 storage.logged_lsn, storage.logged_term, VERSION_ID))
             answer = await _next_row(stream, decoder, 10 * self.heartbeat_s + 10)
             if answer.is_error:
                 if answer.error_code == ER.TOO_EARLY_SUBSCRIBE:
@@ -150,22 +154,24 @@ class Applier:
             await self._apply(stream, decoder, stream_term)
 
     async def _apply(self, stream: trio.SocketStream, decoder: rows.RowDecoder, stream_term: int) -> None:
-        """Apply records as they come, each acknowledged once durable, until the stream ends."""
+        """Log and apply records as they come, each acknowledged once the log holds it, until the
+        stream ends."""
         try:
             await self._apply_rows(stream, decoder, stream_term)
         except* STREAM_ENDS as group:  # one task's failure ends the stream: report the first
             raise first_leaf(group) from None
 
     async def _apply_rows(self, stream: trio.SocketStream, decoder: rows.RowDecoder, stream_term: int) -> None:
-        last_term = self.storage.last_term
+        storage = self.storage
+        last_term = storage.logged_term
+        self.queued = storage.logged_lsn  # (records taken by an earlier stream and not logged are gone)
         async with trio.open_nursery() as nursery:
-            acks: trio.MemorySendChannel[int]
-            acks, ack_receiver = trio.open_memory_channel[int](1 << 16)
-            nursery.start_soon(self._send_acks, stream, ack_receiver, nursery.cancel_scope)
+            applied = _Applied(self)
+            batch = _Batch()
             # What we hold durably, at once: the leader counts no more than an acknowledgement
             # says (our SUBSCRIBE's position may name records not flushed yet).
-            acks.send_nowait(self.storage.synced_lsn)
-            applied = _Applied(self, acks)
+            batch.ack_due = True
+            nursery.start_soon(self._log_batches, stream, batch, applied)
             nursery.start_soon(self._reload_changed)
             while True:
                 row = await _next_row(stream, decoder, 4 * self.heartbeat_s)
@@ -178,26 +184,45 @@ class Applier:
                         raise StreamRefused(f"record {row.lsn} of term {term} refused (stream of term "
                                             f"{stream_term}, newest known {self.known_term()})")
                     last_term = term
-                    if row.lsn <= max(self.queued, self.storage.lsn):
-                        continue  # already applied, or on its way (sent again by a new stream)
+                    if row.lsn <= self.queued:
+                        continue  # logged already, or on its way (sent again by a new stream)
                     stamp = row.header.get(rows.TIMESTAMP)
                     if isinstance(stamp, float | int):
                         self.upstream.lag = max(time.time() - stamp, 0.0)
                     self.upstream.leader_lsn = max(self.upstream.leader_lsn, row.lsn)
-                    self._submit(row.lsn, term, row.body.get(rows.DATA, b""), applied)
+                    self._take(row.lsn, term, row.body.get(rows.DATA, b""), batch, applied)
                 elif row.type == rows.OK:  # a heartbeat: say what we hold durably
-                    self.upstream.lag = 0.0 if self.storage.lsn >= self.upstream.leader_lsn else self.upstream.lag
-                    acks.send_nowait(self.storage.synced_lsn)
+                    self.upstream.lag = 0.0 if storage.lsn >= self.upstream.leader_lsn else self.upstream.lag
+                    batch.ack_due = True
+                    batch.ready.set()
 
-    def _submit(self, lsn: int, term: int, payload: bytes, applied: _Applied) -> None:
+    def _take(self, lsn: int, term: int, payload: bytes, batch: _Batch, applied: _Applied) -> None:
         ops = decode(payload)
         reloads = self.reloads
         for op in ops:
             if op[1] in reloads:
                 applied.changes.append((lsn, {op[1] for op in ops} & reloads.keys()))
                 break
-        self.committer.submit_replicated(lsn, term, payload, applied, ops)
+        batch.records.append((lsn, term, payload, ops))
         self.queued = lsn
+        batch.ready.set()
+
+    async def _log_batches(self, stream: trio.SocketStream, batch: _Batch, applied: _Applied) -> None:
+        """Log what the stream brought while the last batch was flushed, then acknowledge it
+        (and answer heartbeats): the one task that writes to the leader."""
+        committer = self.committer
+        storage = self.storage
+        while True:
+            if not batch.records and not batch.ack_due:
+                await batch.ready.wait()
+            if batch.ready.is_set():
+                batch.ready = trio.Event()
+            records, batch.records = batch.records, []
+            batch.ack_due = False
+            if records:
+                await committer.log_replicated(records, applied)
+            lsn = storage.synced_lsn
+            await stream.send_all(rows.ack({1: lsn}, lsn, storage.logged_term))
 
     async def _reload_changed(self) -> None:
         """Records changed what ``reloads`` names: read it again (once per batch of them), the
@@ -213,19 +238,6 @@ class Applier:
             # Forgotten only once read again: a stream that ends meanwhile cancels this task, and
             # the next stream's must not lose them (the catalogue stayed without a new index).
             self._changed -= changed
-
-    async def _send_acks(self, stream: trio.SocketStream, acks: trio.MemoryReceiveChannel[int],
-                         stop: trio.CancelScope) -> None:
-        try:
-            async for lsn in acks:
-                while True:  # the newest is enough
-                    try:
-                        lsn = max(lsn, acks.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await stream.send_all(rows.ack({1: lsn}, lsn, self.storage.last_term))
-        finally:
-            stop.cancel()
 
     # -- a fresh copy ----------------------------------------------------------------------------
 
@@ -259,38 +271,43 @@ class Applier:
             log.info("copy of %d bytes taken, as of LSN %d", received, row.lsn)
 
 
+class _Batch:
+    """Records taken from the stream and not logged yet (in order), and the event that says
+    there is something to log or acknowledge."""
+
+    __slots__ = ("records", "ready", "ack_due")
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, int, bytes, list]] = []
+        self.ready = trio.Event()
+        self.ack_due = False  # a heartbeat came: acknowledge, even with nothing new logged
+
+
 class _Applied:
-    """The committer's callback for every record of one stream, once durable (or failed): it
-    acknowledges what is durable, once per group rather than once per record, and hands the
-    records that changed what ``Applier.reloads`` names to the reloading task. One object a
-    stream: a closure a record cost the follower as much as decoding the record."""
+    """The committer's callback for every record of one stream once applied to LMDB (it was
+    logged and acknowledged before): hands the records that changed what ``Applier.reloads``
+    names to the reloading task. A record that cannot be applied stops the process (see the
+    module's docstring). One object a stream: a closure a record cost the follower as much as
+    decoding the record."""
 
-    __slots__ = ("applier", "acks", "changes", "sent")
+    __slots__ = ("applier", "changes")
 
-    def __init__(self, applier: Applier, acks: trio.MemorySendChannel[int]) -> None:
+    def __init__(self, applier: Applier) -> None:
         self.applier = applier
-        self.acks = acks
         self.changes: collections.deque[tuple[int, set[bytes]]] = collections.deque()  # (lsn, names), in order
-        self.sent = 0
 
     def __call__(self, _result: object, error: BaseException | None) -> None:
         applier = self.applier
         storage = applier.storage
         if error is not None:
-            log.error("a replicated record after %d could not be applied: %s", storage.synced_lsn, error)
-            applier.queued = storage.lsn
-            self.acks.close()  # the stream ends; the next one starts from what is durable
+            applier.committer.fatal(f"a replicated record after {storage.lsn}, logged and acknowledged, "
+                                    f"could not be applied: {error}")
             return
-        durable = storage.synced_lsn
         changes = self.changes
-        if changes and changes[0][0] <= durable:
-            while changes and changes[0][0] <= durable:
+        if changes and changes[0][0] <= storage.lsn:
+            while changes and changes[0][0] <= storage.lsn:
                 applier._changed |= changes.popleft()[1]
             applier._change_seen.set()
-        if durable > self.sent:
-            self.sent = durable
-            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
-                self.acks.send_nowait(durable)
 
 
 class _Rejoin(Exception):

@@ -55,8 +55,9 @@ class ReplicaNode:
         self.role_since = time.monotonic()
 
     def position(self) -> tuple[int, int]:
-        """This node's log: (last LSN, term of the last record)."""
-        return self.storage.lsn, self.storage.last_term
+        """This node's log: (last LSN, term of the last record). A follower's log may hold
+        records LMDB does not have yet: it acknowledged them, so they count."""
+        return self.storage.logged_lsn, self.storage.logged_term
 
     def _on_change(self, state: ElectionState) -> None:
         self._changed.set()

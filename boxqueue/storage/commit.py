@@ -117,7 +117,7 @@ class GroupCommitter:
         """From now on :meth:`submit` (and so :meth:`write`) raises ``error()`` at once, before
         anything is queued; None: writes are taken again. A follower of a replica set refuses
         every write this way, below every caller; its replication applier writes through
-        :meth:`submit_replicated`, which is never refused."""
+        :meth:`log_replicated`, which is never refused."""
         if error is None:
             self.submit = self._queue.submit
             return
@@ -132,20 +132,75 @@ class GroupCommitter:
     def refusing(self) -> bool:
         return self.submit is not self._queue.submit
 
-    def submit_replicated(self, lsn: int, term: int, payload: bytes, done: Done,
-                          ops: list[redo.Op] | None = None) -> None:
-        """Queue a record received from the leader: applied and logged alone, as record ``lsn`` of
-        ``term`` (taken even while client writes are refused). ``done(None, error)`` once durable.
-        ``ops``: the payload's operations, if the caller decoded them already."""
-        if ops is None:
-            ops = redo.decode(payload)
+    async def log_replicated(self, records: list[tuple[int, int, bytes, list[redo.Op]]], done: Done) -> None:
+        """Log records received from the leader, each ``(lsn, term, payload, its operations)``,
+        and flush them; then queue them to be applied to LMDB (taken even while client writes
+        are refused), ``done(None, error)`` once each is. A follower acknowledges a record as
+        soon as this returns: the apply is not waited for, since a restart replays the log past
+        LMDB's position. So once the records are logged they are queued whatever happens to the
+        caller (shielded), and ``done`` must treat a failed apply as fatal: the leader counts a
+        record this node would not hold.
+
+        Raises :class:`StorageError`, having logged none of them, when the log cannot take them:
+        the disk has no room (for the log, or for LMDB's reserve, which their apply must find),
+        the committer has stopped, or they do not follow the log's last record."""
         storage = self._storage
+        log_free = self._log_free
+        with trio.CancelScope(shield=True):
+            try:  # (without a pass of the scheduler when it is free, as it mostly is on a follower)
+                log_free.acquire_nowait()
+            except trio.WouldBlock:
+                await log_free.acquire()
+            try:
+                if self._queue.closed:
+                    raise StorageError("storage is closed")
+                if self._broken is not None:
+                    raise self._broken
+                lsn = storage.logged_lsn
+                for record in records:
+                    lsn += 1
+                    if record[0] != lsn:
+                        raise StorageError(f"replicated record {record[0]} does not follow this log's last record "
+                                           f"{lsn - 1}")
+                storage.ensure_room()
+                data = b"".join([encode_record(lsn, payload, term) for lsn, term, payload, _ops in records])
+                log_thread = self._log_thread
+                if log_thread.running:  # free: the committer's calls hold _log_free
+                    log_thread.start(self._append_replicated, data, lsn, records[-1][1])
+                    await log_thread.result()
+                else:
+                    await log_thread.call(self._append_replicated, data, lsn, records[-1][1])
+                queue = self._queue
+                for lsn, term, _payload, ops in records:
+                    item = Write(_Replay(storage, ops), None, True, done)
+                    item.lsn, item.term = lsn, term
+                    queue.pending.append(item)  # (past a closed queue too: the final drain takes it)
+                wakeup = queue.wakeup
+                if wakeup is not None:
+                    queue.wakeup = None
+                    wakeup.set()
+            finally:
+                log_free.release()
+        if self._log is not None and self._log.size >= storage.checkpoint_bytes:
+            self._checkpoint_due.set()
 
-        def apply(txn: RedoTxn) -> None:
-            # Into the bare transaction: the record is logged as it came, not noted again.
-            redo.replay(txn.txn, ops, storage.open_logged, storage.forget_db, storage.watched)
-
-        self._queue.submit_special(apply, done, lsn, term, False, payload)
+    def _append_replicated(self, record: bytes, lsn: int, term: int) -> None:
+        """In the log thread: append a follower's records (see :meth:`log_replicated`) and flush."""
+        wal = self._log
+        assert wal is not None  # a replica set's members run in fsync mode
+        try:
+            wal.append(record)
+        except OSError as exc:
+            raise StorageError(f"cannot write the write-ahead log: {exc}",
+                               no_space=exc.errno in (errno.ENOSPC, errno.EDQUOT)) from exc
+        storage = self._storage
+        storage.logged_term = term
+        storage.logged_lsn = lsn
+        try:
+            wal.sync()
+        except OSError as exc:  # as in _write_group: whether they reached the disk is unknown
+            self.fatal(f"the write-ahead log could not be flushed: {exc}")
+        storage.synced_lsn = lsn
 
     async def reset_log(self, lsn: int, term: int) -> None:
         """After a fresh copy (see :meth:`storage.environment.Storage.reset_log`), between groups."""
@@ -296,11 +351,15 @@ class GroupCommitter:
             queue.closed = True
             queue.wakeup = None
             with trio.CancelScope(shield=True):
-                while queue.pending:
-                    await self._commit(queue.next_batch(self._max_batch))
-                if self._log is not None:  # the last group's flush and replies
-                    async with self._log_free:
+                while True:
+                    while queue.pending:
+                        await self._commit(queue.next_batch(self._max_batch))
+                    if self._log is None:
+                        break
+                    async with self._log_free:  # the last group's flush and replies ...
                         pass
+                    if not queue.pending:  # ... and the records a follower logged meanwhile
+                        break
                 # What still waits for a quorum is not acknowledged: its writers hear that its
                 # outcome is unknown (the leader's part normally says so before the committer stops).
                 if self._awaiting and self.quorum is not None:
@@ -312,8 +371,14 @@ class GroupCommitter:
         try:
             if self._broken is not None:
                 raise self._broken
-            self._storage.ensure_room()
             first = batch[0]
+            try:
+                self._storage.ensure_room()
+            except StorageError:
+                # Records of the leader, logged already, had the reserve checked before they
+                # were (log_replicated): the rest of it is theirs to use.
+                if not first.lsn:
+                    raise
             if first.local:
                 await self._commit_local(first)
             else:
@@ -400,9 +465,12 @@ class GroupCommitter:
     ) -> bool:
         """Hand a group to the flusher and return once LMDB has it (or it failed); True if the
         flusher answers it. ``alone``: append, commit and flush here, and let the caller answer.
-        ``forced``: records received from the leader, which keep their LSNs and terms."""
+        ``forced``: records received from the leader, in the log already (:meth:`log_replicated`)."""
         raw = txn.txn
-        if not txn.ops and not forced:  # nothing changed: nothing to log. What the writes read must be durable.
+        if forced:
+            self._commit_logged(raw, batch)
+            return False
+        if not txn.ops:  # nothing changed: nothing to log. What the writes read must be durable.
             async with self._log_free:
                 self._commit_unlogged(raw)
             # ... and, on a leader waiting for quorums, confirmed: a write that found nothing to
@@ -414,25 +482,18 @@ class GroupCommitter:
                 quorum.waiting(self._storage.lsn)
                 return True
             return False
-        lsn = self._storage.lsn + 1
-        fed: list[tuple[int, int, bytes]]
-        if forced:  # records from the leader, logged as they came, one after the other
-            fed = []
-            for item in batch:
-                if item.lsn != lsn:
-                    self._abort(raw)
-                    raise StorageError(f"replicated record {item.lsn} does not follow this log's last record {lsn - 1}")
-                assert item.payload is not None  # a replicated record's, set by submit_replicated
-                fed.append((lsn, item.term, item.payload))
-                lsn += 1
-            lsn -= 1
-            record = b"".join([encode_record(one_lsn, payload, one_term) for one_lsn, one_term, payload in fed])
-        else:
-            payload = txn.encode()
-            fed = [(lsn, self._storage.term, payload)]
-            record = encode_record(lsn, payload, self._storage.term)
-        term = fed[-1][1]
-        self._storage.note_lsn(raw, lsn, term)
+        storage = self._storage
+        if storage.logged_lsn != storage.lsn:
+            # Records of a leader this node followed are logged and not applied yet: this
+            # group's record would take an LSN the log holds already.
+            self._abort(raw)
+            raise StorageError(f"the log holds records up to {storage.logged_lsn}, LMDB up to {storage.lsn}")
+        lsn = storage.lsn + 1
+        payload = txn.encode()
+        fed = [(lsn, storage.term, payload)]
+        record = encode_record(lsn, payload, storage.term)
+        term = storage.term
+        storage.note_lsn(raw, lsn, term)
         await self._log_free.acquire()
         if self._broken is not None:
             self._log_free.release()
@@ -440,7 +501,7 @@ class GroupCommitter:
             raise self._broken
         if alone:
             try:
-                await self._log_thread.call(self._write_group, raw, record, lsn, None)
+                await self._log_thread.call(self._write_group, raw, record, lsn, term, None)
             finally:
                 self._log_free.release()
             self._fed(fed)
@@ -466,9 +527,8 @@ class GroupCommitter:
         # the other connections' requests, before its flush began.)
         early = self._log_thread.running
         if early:
-            self._log_thread.start(self._write_group, raw, record, lsn, in_lmdb_now)
-        self._flushing = (raw, record, lsn, batch, committed, started, in_lmdb, in_lmdb_now, early,
-                          self.quorum is not None and not forced)
+            self._log_thread.start(self._write_group, raw, record, lsn, term, in_lmdb_now)
+        self._flushing = (raw, record, lsn, term, batch, committed, started, in_lmdb, in_lmdb_now, early)
         self._flush_wanted.set()
         await committed.wait()
         return True
@@ -491,7 +551,7 @@ class GroupCommitter:
                     log.exception("the replication feed failed on record %d", lsn)
 
     def _write_group(
-        self, raw: lmdb.Transaction, record: bytes, lsn: int, committed: Callable[[], None] | None
+        self, raw: lmdb.Transaction, record: bytes, lsn: int, term: int, committed: Callable[[], None] | None
     ) -> None:
         """In a worker thread: write the record, commit LMDB, say so (``committed``, which must
         be safe to call from a thread), flush the log. A group that fails to commit takes its
@@ -517,7 +577,9 @@ class GroupCommitter:
                 # were told failed: no answer may be given at all.
                 self.fatal(f"cannot take a failed group out of the write-ahead log: {cut}")
             raise StorageError(f"commit failed: {exc}") from exc
-        self._storage.lsn = lsn
+        storage = self._storage
+        storage.logged_term = term
+        storage.logged_lsn = storage.lsn = lsn
         if committed is not None:
             committed()
         try:
@@ -540,13 +602,13 @@ class GroupCommitter:
                 self._flushing = None
                 if group is None:
                     return
-                raw, record, lsn, batch, committed, started, in_lmdb, in_lmdb_now, early, waits = group
+                raw, record, lsn, term, batch, committed, started, in_lmdb, in_lmdb_now, early = group
                 failed = False
                 try:
                     if early:
                         await self._log_thread.result()
                     else:
-                        await self._log_thread.call(self._write_group, raw, record, lsn, in_lmdb_now)
+                        await self._log_thread.call(self._write_group, raw, record, lsn, term, in_lmdb_now)
                 except BaseException as exc:
                     failed = True
                     if isinstance(exc, StorageError) and exc.no_space and self.no_space_since is None:
@@ -559,7 +621,7 @@ class GroupCommitter:
                 if not committed.is_set() and self._storage.lsn >= lsn:
                     in_lmdb()  # LMDB has the group (its LSN is noted), and the loop was not told early
                 committed.set()  # (already, unless the group failed before LMDB had it)
-                if waits and not failed and self.quorum is not None:
+                if not failed and self.quorum is not None:
                     self._awaiting.append((lsn, batch, started))
                     self.quorum.durable(lsn)
                 else:
@@ -617,6 +679,20 @@ class GroupCommitter:
         (txn.txn if isinstance(txn, RedoTxn) else txn).abort()
         self._storage.txn_ended(False)
 
+    def _commit_logged(self, raw: lmdb.Transaction, batch: list[Write]) -> None:
+        """Commit records of the leader that the log holds already (on the event loop: LMDB is
+        not flushed here, so the commit is short)."""
+        storage = self._storage
+        lsn = storage.lsn
+        for item in batch:
+            lsn += 1
+            if item.lsn != lsn:
+                self._abort(raw)
+                raise StorageError(f"replicated record {item.lsn} does not follow LMDB's last record {lsn - 1}")
+        storage.note_lsn(raw, lsn, batch[-1].term)
+        self._commit_unlogged(raw)
+        storage.lsn = lsn
+
     def _commit_unlogged(self, txn: lmdb.Transaction) -> None:
         try:
             txn.commit()
@@ -649,14 +725,31 @@ class GroupCommitter:
         if wal is None:
             return
         async with self._log_free:
+            # LMDB's flush below covers at least ``target``; a follower's log may hold more
+            # (records logged and not applied yet), which the segment switched from keeps.
             target = self._storage.lsn
-            await trio.to_thread.run_sync(wal.rotate, target + 1)
+            await trio.to_thread.run_sync(wal.rotate, self._storage.logged_lsn + 1)
         await trio.to_thread.run_sync(self._storage.sync)
         keep = self.keep_from() if self.keep_from is not None else None
         async with self._log_free:
             await trio.to_thread.run_sync(wal.discard_through, target if keep is None else min(target, keep - 1))
         self._checkpointed_lsn = target
         self.checkpoints += 1
+
+
+class _Replay:
+    """The write of a record received from the leader: its operations replayed into the group's
+    bare transaction (the record is in the log as it came; nothing is noted again)."""
+
+    __slots__ = ("storage", "ops")
+
+    def __init__(self, storage: Storage, ops: list[redo.Op]) -> None:
+        self.storage = storage
+        self.ops = ops
+
+    def __call__(self, txn: RedoTxn) -> None:
+        storage = self.storage
+        redo.replay(txn.txn, self.ops, storage.open_logged, storage.forget_db, storage.watched)
 
 
 class _nothing:

@@ -99,8 +99,10 @@ class Storage:
     used on the event loop thread.
 
     ``lsn`` is the LSN of the last group committed to LMDB (its log record may not be flushed
-    yet); ``synced_lsn`` the last one whose log record is flushed, what this node may tell a
-    leader it holds durably; ``log`` the write-ahead log the group
+    yet); ``logged_lsn`` and ``logged_term`` the last record the log holds (a follower logs the
+    leader's records before it applies them, so it may be ahead of ``lsn``; this node's position
+    in elections and subscriptions); ``synced_lsn`` the last one whose log record is flushed,
+    what this node may tell a leader it holds durably; ``log`` the write-ahead log the group
     committer appends to (``None`` unless ``wal_mode`` is ``fsync``). A checkpoint is due every
     ``checkpoint_interval_s`` seconds, or when the log's current segment exceeds
     ``checkpoint_bytes``.
@@ -178,6 +180,7 @@ class Storage:
             self.last_term = 0 if raw_term is None else _LSN.unpack(raw_term)[0]
             self.replayed = self._recover()
             self.synced_lsn = self.lsn  # recovery flushed LMDB: everything it holds is on disk
+            self.logged_lsn, self.logged_term = self.lsn, self.last_term
             if wal_mode == "fsync":
                 self.log = WriteAheadLog(self.path / WAL_DIR, self.lsn + 1)
         except (WalError, OSError, lmdb.Error, ValueError, StorageError) as exc:
@@ -206,8 +209,8 @@ class Storage:
         """After a fresh copy: LMDB holds everything up to record ``lsn`` of ``term``, and the log
         starts again after it (its old segments are another history). The caller has written
         ``lsn`` with :meth:`note_lsn` and flushed LMDB."""
-        self.lsn = self.synced_lsn = lsn
-        self.last_term = term
+        self.lsn = self.synced_lsn = self.logged_lsn = lsn
+        self.last_term = self.logged_term = term
         if self.log is not None:
             self.log.retire()
             self.log = WriteAheadLog(self.path / WAL_DIR, lsn + 1)
@@ -375,14 +378,20 @@ class Storage:
         self.env.sync(True)
 
     def close(self) -> None:
-        """Flush LMDB, delete the log it makes redundant, close."""
+        """Flush LMDB, delete the log it makes redundant, close. A log that holds records LMDB
+        does not (a follower's, logged and not applied) is kept: the next start replays it."""
         if self._reader is not None:
             self._reader.abort()
             self._reader = None
         try:
             self.env.sync(True)
             if self.log is not None:
-                self.log.retire()
+                if self.logged_lsn > self.lsn:
+                    log.warning("the write-ahead log holds records up to %d, LMDB up to %d: kept for the "
+                                "next start to replay", self.logged_lsn, self.lsn)
+                    self.log.close()
+                else:
+                    self.log.retire()
         except (OSError, lmdb.Error):
             log.exception("flushing LMDB at close failed; the write-ahead log is kept")
             if self.log is not None:
