@@ -47,7 +47,8 @@ class StreamRefused(Exception):
     """The leader refused this follower, or sent what it must not follow."""
 
 
-# What ends a stream (the follower connects again): the network, the leader, bad rows.
+# What ends a stream (the follower connects again): the network, the leader, bad rows, a log that
+# cannot take the records (a full disk, say).
 STREAM_ENDS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, StreamRefused, ValueError,
                StorageError)
 
