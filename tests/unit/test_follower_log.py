@@ -142,3 +142,30 @@ async def test_records_that_do_not_follow_the_log_are_refused_and_not_logged(tmp
         assert storage.logged_lsn == 1
     finally:
         storage.close()
+
+
+async def test_a_leader_write_never_takes_an_lsn_the_log_holds_already(tmp_path):
+    """Records logged and not applied (an incarnation that ended without applying them, which
+    the committer's final drain prevents) must not be overwritten by a write of this node's own:
+    it is refused, and the log keeps the leader's records."""
+    records = await leader_records(tmp_path / "leader", 3)
+    storage = Storage(tmp_path / "follower", "fsync", checkpoint_interval_s=3600)
+    await GroupCommitter(storage, rejections=(Rejected,)).log_replicated(records, lambda _result, _error: None)
+    committer = GroupCommitter(storage, rejections=(Rejected,))  # a new incarnation's, without them
+
+    def write(txn):
+        txn.put(key(99), b"mine", db=storage.db(b"mine", txn=txn))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(committer.run)
+        with pytest.raises(StorageError, match="the log holds records up to 3, LMDB up to 0"):
+            await committer.write(write)
+        nursery.cancel_scope.cancel()
+    assert (storage.lsn, storage.logged_lsn) == (0, 3)
+    storage.close()  # keeps the log
+    again = Storage(tmp_path / "follower", "fsync", checkpoint_interval_s=3600)
+    try:
+        assert (again.replayed, again.lsn) == (3, 3)
+        assert rows_of(again) == expected_rows(3)
+    finally:
+        again.close()
