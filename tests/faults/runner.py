@@ -17,6 +17,7 @@ every N runs; default 5, 0 for none), ``FAULTS_UNSAFE`` (the control's ``BOXQUEU
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import sys
@@ -278,6 +279,10 @@ def summary(reports: list[RunReport]) -> str:
 
 def main() -> int:
     from tests.faults.netns import unavailable_reason
+
+    # No arguments, only the environment above: --help says so rather than starting the suite.
+    argparse.ArgumentParser(prog="python -m tests.faults.runner", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
     why = unavailable_reason()
     if why:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -282,3 +284,16 @@ def test_failover_counts_from_the_nemesis_to_the_first_write_invoked_after_it():
     assert w.failover_s == pytest.approx(3.0)  # the write in flight at the start does not count
     assert w.longest_gap_s == pytest.approx(6.9)  # 13.1 .. 20.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+
+
+def test_the_long_forms_runner_answers_help_without_starting_the_suite():
+    """It takes no arguments (only FAULTS_* variables): ``--help`` describes them, anything else
+    is refused, and neither starts a run of many minutes."""
+    shown = subprocess.run([sys.executable, "-m", "tests.faults.runner", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0
+    assert "FAULTS_RUNS" in shown.stdout and "runs from seed" not in shown.stdout
+    refused = subprocess.run([sys.executable, "-m", "tests.faults.runner", "--runs", "3"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr
+    assert "runs from seed" not in refused.stdout
