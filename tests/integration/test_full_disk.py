@@ -153,6 +153,17 @@ def test_a_follower_with_a_full_disk_holds_no_one_back_and_catches_up(tmp_path):
             cm.__exit__(None, None, None)
 
 
+def reconnect(cluster: Cluster, name: str, deadline: float) -> tarantool.Connection:
+    """A new connection to ``name``, tried again while it is refused (until ``deadline``)."""
+    while True:
+        try:
+            return cluster.connect(name)
+        except tarantool.NetworkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_a_leader_with_a_full_disk_steps_aside_for_one_that_can_write(tmp_path):
     cluster = Cluster(tmp_path, quorum=2, synchro_timeout_s=1.5)
     disks = {name: tmpfs(tmp_path / name) for name in cluster.names}
@@ -170,9 +181,10 @@ def test_a_leader_with_a_full_disk_steps_aside_for_one_that_can_write(tmp_path):
             try:
                 conn.replace("kv", [2, "y" * 4000])
             except tarantool.NetworkError:  # (first: a DatabaseError too, its errno in args[0])
-                # The leader stepped aside: its next incarnation serves on new connections.
+                # The leader stepped aside: its next incarnation serves on new connections, once
+                # it listens again (a connection in between is refused).
                 conn.close()
-                conn = cluster.connect(leader)
+                conn = reconnect(cluster, leader, started + 30)
             except tarantool.DatabaseError as exc:
                 codes.add(exc.args[0])
             assert time.monotonic() - started < 30, "the leader with a full disk did not step aside"
@@ -182,6 +194,9 @@ def test_a_leader_with_a_full_disk_steps_aside_for_one_that_can_write(tmp_path):
         c = cluster.connect(new)
         c.replace("kv", [3, "on the new leader"])
         assert [1, "acknowledged"] in cluster.rows(new)
+        # The old leader stayed up through all this, and serves reads as a follower.
+        assert cluster.nodes[leader].proc.poll() is None
+        assert cluster.info(leader)["ro"] is True
         c.close()
         conn.close()
     finally:
