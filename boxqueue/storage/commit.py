@@ -87,7 +87,6 @@ class GroupCommitter:
         self._flush_wanted = trio.Event()
         self._checkpoint_due = trio.Event()
         self._checkpointed_lsn = storage.lsn
-        self._broken: StorageError | None = None
         # Since when groups fail for lack of disk space (None: the last one did not): a leader
         # that cannot write steps aside for one that can (boxqueue.replication.leading).
         self.no_space_since: float | None = None
@@ -154,8 +153,6 @@ class GroupCommitter:
             try:
                 if self._queue.closed:
                     raise StorageError("storage is closed")
-                if self._broken is not None:
-                    raise self._broken
                 lsn = storage.logged_lsn
                 for record in records:
                     lsn += 1
@@ -244,7 +241,7 @@ class GroupCommitter:
     def submit_local(self, fn: WriteFn, done: Done) -> None:
         """Queue a write of this node's own metadata (not replicated, not in the log): committed
         alone and LMDB flushed before ``done``; taken even while client writes are refused."""
-        self._queue.submit_special(fn, done, 0, 0, True)
+        self._queue.submit_local(fn, done)
 
     # -- a leader's quorum -------------------------------------------------------------------
 
@@ -369,16 +366,10 @@ class GroupCommitter:
         """Apply and commit ``batch``; answer it, or (a logged group) leave that to the flusher."""
         started = time.perf_counter()
         try:
-            if self._broken is not None:
-                raise self._broken
             first = batch[0]
-            try:
+            if not first.lsn:  # (records of the leader had the reserve checked before they were
+                # logged, in log_replicated: the rest of it is theirs to use)
                 self._storage.ensure_room()
-            except StorageError:
-                # Records of the leader, logged already, had the reserve checked before they
-                # were (log_replicated): the rest of it is theirs to use.
-                if not first.lsn:
-                    raise
             if first.local:
                 await self._commit_local(first)
             else:
@@ -489,16 +480,12 @@ class GroupCommitter:
             self._abort(raw)
             raise StorageError(f"the log holds records up to {storage.logged_lsn}, LMDB up to {storage.lsn}")
         lsn = storage.lsn + 1
-        payload = txn.encode()
-        fed = [(lsn, storage.term, payload)]
-        record = encode_record(lsn, payload, storage.term)
         term = storage.term
+        payload = txn.encode()
+        fed = [(lsn, term, payload)]
+        record = encode_record(lsn, payload, term)
         storage.note_lsn(raw, lsn, term)
         await self._log_free.acquire()
-        if self._broken is not None:
-            self._log_free.release()
-            self._abort(raw)
-            raise self._broken
         if alone:
             try:
                 await self._log_thread.call(self._write_group, raw, record, lsn, term, None)

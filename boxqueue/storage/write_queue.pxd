@@ -10,7 +10,6 @@ cdef class Write:
     cdef public unsigned long long lsn
     cdef public unsigned long long term
     cdef public bint local
-    cdef public object payload
 
 cdef class WriteQueue:
     cdef public list pending

@@ -38,10 +38,9 @@ class Write:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = done
-        self.lsn = 0  # a replicated record's own LSN (alone in its group), else 0
+        self.lsn = 0  # a replicated record's own LSN (logged already, grouped with the records after it), else 0
         self.term = 0  # ... and its term
         self.local = False  # this node's own metadata: committed unlogged and flushed, never replicated
-        self.payload: bytes | None = None  # a replicated record's payload, logged as it came
 
 
 @cython.cclass
@@ -72,17 +71,12 @@ class WriteQueue:
             self.wakeup = None
             wakeup.set()
 
-    def submit_special(self, fn: Callable[[Any], Any], done: Done, lsn: cython.ulonglong, term: cython.ulonglong,
-                       local: cython.bint, payload: bytes | None = None) -> None:
-        """Queue a write alone in its group: a replicated record (``lsn``, ``term``) or this node's
-        own metadata (``local``)."""
+    def submit_local(self, fn: Callable[[Any], Any], done: Done) -> None:
+        """Queue a write of this node's own metadata, alone in its group."""
         if self.closed:
             raise StorageError("storage is closed")
         item: Write = Write(fn, None, True, done)
-        item.lsn = lsn
-        item.term = term
-        item.local = local
-        item.payload = payload
+        item.local = True
         self.pending.append(item)
         wakeup = self.wakeup
         if wakeup is not None:
