@@ -9,3 +9,8 @@ from boxqueue.tubes.producers cimport Producers
 
 cdef class Consumers(Producers):
     pass
+
+
+cdef class _Taken:
+    cdef long long event
+    cdef object consumer

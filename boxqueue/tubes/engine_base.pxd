@@ -63,3 +63,16 @@ cdef class _Deleted:
     cdef Task task
     cdef tuple counters
     cdef object later
+
+
+cdef class _Changed:
+    cdef EngineBase engine
+    cdef Tube tube
+    cdef Task task
+    cdef object counter
+    cdef object before
+    cdef object header
+    cdef object old_status
+    cdef object new_status
+    cdef object after
+    cdef object later

@@ -462,26 +462,9 @@ class EngineBase:
         write = _rewrite(queue_space, task, header, tail)
 
         later: Later[bytes] = Later()
-
-        # (No inner function here calls another: one that did would be held by the closure it
-        # shares, a reference cycle per write left to the cyclic collector.)
-        def done(raw: bytes | None, error: BaseException | None) -> None:
-            if error is None and raw is None:
-                error = proc_error("Task not found")
-            if error is not None:
-                self._undo_change(tube, task, counter, before, header)
-                later.settle(None, error)
-                return
-            if old_status != new_status:
-                self._tally(tube, old_status, new_status)
-            if self.hooks:
-                self._notify(tube, task.id, old_status, task.status, raw)
-            if after is not None:
-                after()
-            later.settle(raw)
-
         try:
-            self.committer.submit(write, done)
+            self.committer.submit(write, _Changed(self, tube, task, counter, before, header, old_status, new_status,
+                                                  after, later))
         except BaseException:
             self._undo_change(tube, task, counter, before, header)
             raise
@@ -743,6 +726,45 @@ class _Deleted:
             return
         engine._tally(tube, task.status, None)
         engine._notify(tube, task.id, task.status, None, None)
+        self.later.settle(raw)
+
+
+@cython.cclass
+class _Changed:
+    """:meth:`EngineBase._change`'s completion, one object a write as :class:`_Deleted` is: the
+    stored tuple once durable (``after()`` run first), or the change undone when the write failed."""
+
+    __slots__ = ("engine", "tube", "task", "counter", "before", "header", "old_status", "new_status", "after",
+                 "later")
+
+    def __init__(self, engine: EngineBase, tube: Tube, task: Task, counter: str | None, before: Any, header: Any,
+                 old_status: Any, new_status: Any, after: Callable[[], None] | None, later: Later[bytes]) -> None:
+        self.engine = engine
+        self.tube = tube
+        self.task = task
+        self.counter = counter
+        self.before = before
+        self.header = header
+        self.old_status = old_status
+        self.new_status = new_status
+        self.after = after
+        self.later = later
+
+    def __call__(self, raw: bytes | None, error: BaseException | None) -> None:
+        engine = self.engine
+        if error is None and raw is None:
+            error = proc_error("Task not found")
+        if error is not None:
+            engine._undo_change(self.tube, self.task, self.counter, self.before, self.header)
+            self.later.settle(None, error)
+            return
+        if self.old_status != self.new_status:
+            engine._tally(self.tube, self.old_status, self.new_status)
+        if engine.hooks:
+            engine._notify(self.tube, self.task.id, self.old_status, self.task.status, raw)
+        after = self.after
+        if after is not None:
+            after()
         self.later.settle(raw)
 
 

@@ -2,7 +2,19 @@
 # extension types, so that each part's methods read the shared fields as C fields.
 
 from boxqueue.tubes.engine_base cimport EngineBase
+from boxqueue.tubes.task cimport Task
+from boxqueue.tubes.tube cimport Tube
 
 
 cdef class Producers(EngineBase):
     pass
+
+
+cdef class _Inserted:
+    cdef Producers engine
+    cdef object queue_space
+    cdef Tube tube
+    cdef Task task
+    cdef bytes raw
+    cdef object counter
+    cdef object later

@@ -9,6 +9,7 @@ import functools
 import logging
 from typing import Any
 
+import cython
 import trio
 
 import boxqueue.tubes.transitions as tr
@@ -127,19 +128,8 @@ class Producers(EngineBase):
         write = queue_space.space.prepare_put(raw, fields, op)
         later: Later[bytes] = Later()
         tube.pending += 1
-
-        def done(_result: Any, error: BaseException | None) -> None:
-            tube.pending -= 1
-            if error is not None:
-                later.settle(None, error)
-                return
-            if counter is not None:
-                tube.count(counter)
-            self._place_inserted(queue_space, tube, [(task, raw)])
-            later.settle(raw)
-
         try:
-            self.committer.submit(write, done)
+            self.committer.submit(write, _Inserted(self, queue_space, tube, task, raw, counter, later))
         except BaseException:
             tube.pending -= 1
             raise
@@ -304,3 +294,32 @@ class Producers(EngineBase):
             pending.append((tube, later.map(functools.partial(counted, tube, None, options=options))))
         return created, updated, pending
 
+
+@cython.cclass
+class _Inserted:
+    """:meth:`Producers._put_one`'s completion: one object a put, where a closure cost a function
+    and a cell for each name it used. Once durable the task is placed (and counted)."""
+
+    __slots__ = ("engine", "queue_space", "tube", "task", "raw", "counter", "later")
+
+    def __init__(self, engine: Producers, queue_space: Any, tube: Tube, task: Task, raw: bytes, counter: str | None,
+                 later: Later[bytes]) -> None:
+        self.engine = engine
+        self.queue_space = queue_space
+        self.tube = tube
+        self.task = task
+        self.raw = raw
+        self.counter = counter
+        self.later = later
+
+    def __call__(self, _result: Any, error: BaseException | None) -> None:
+        tube = self.tube
+        tube.pending -= 1
+        if error is not None:
+            self.later.settle(None, error)
+            return
+        counter = self.counter
+        if counter is not None:
+            tube.count(counter)
+        self.engine._place_inserted(self.queue_space, tube, [(self.task, self.raw)])
+        self.later.settle(self.raw)
