@@ -367,8 +367,9 @@ class GroupCommitter:
         started = time.perf_counter()
         try:
             first = batch[0]
-            if not first.lsn:  # (records of the leader had the reserve checked before they were
-                # logged, in log_replicated: the rest of it is theirs to use)
+            # Records of the leader had the reserve checked before they were logged
+            # (log_replicated): the rest of it is theirs to use.
+            if not first.lsn:
                 self._storage.ensure_room()
             if first.local:
                 await self._commit_local(first)

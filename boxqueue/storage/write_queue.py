@@ -38,7 +38,7 @@ class Write:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = done
-        self.lsn = 0  # a replicated record's own LSN (logged already, grouped with the records after it), else 0
+        self.lsn = 0  # a replicated record's own LSN (logged already; grouped with the next ones), else 0
         self.term = 0  # ... and its term
         self.local = False  # this node's own metadata: committed unlogged and flushed, never replicated
 
