@@ -234,6 +234,8 @@ def _pack_with_pairs(value: Any) -> bytes:
 
 
 _FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # the size of pack_flat's own buffer (declared there as 512)
+_INT64_END = 1 << 63  # (pack_flat writes integers from here up as uint64)
+_U32_END = cython.declare(cython.longlong, 0x100000000)  # (a literal this large compares as an object)
 
 
 @cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t, n=cython.longlong,
@@ -290,16 +292,18 @@ def pack_flat(values: list[Any]) -> bytes:
                 buf[pos + i] = chars[i]
             pos += size
         elif t is int:
-            try:
-                n = v
-            except OverflowError:  # beyond 64 bits signed: a uint64 (a claim's consumer id), or msgpack's error
+            if v >= _INT64_END:  # a uint64 (a claim's consumer id): tested, not caught, as an error costs more
                 try:
                     u = v
-                except OverflowError:
+                except OverflowError:  # beyond 64 bits: msgpack's error
                     return pack(values)
                 buf[pos] = 0xCF
                 size = 8
             else:
+                try:
+                    n = v
+                except OverflowError:  # below int64: msgpack's error
+                    return pack(values)
                 u = cython.cast(cython.ulonglong, n)  # (a negative's two's complement bits)
                 size = 0  # a fixint: the one byte below
                 if n >= 0:
@@ -311,7 +315,7 @@ def pack_flat(values: list[Any]) -> bytes:
                     elif n < 0x10000:
                         buf[pos] = 0xCD
                         size = 2
-                    elif n < 0x100000000:
+                    elif n < _U32_END:
                         buf[pos] = 0xCE
                         size = 4
                     else:
