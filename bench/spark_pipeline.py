@@ -116,7 +116,11 @@ def stream(spark, uri: str, tube: str, args: argparse.Namespace) -> dict:
     query.awaitTermination()
     batches = [p for p in query.recentProgress if p["numInputRows"]]
     rates = [round(p["processedRowsPerSecond"]) for p in batches]
-    return {"batches": len(batches), "batch_rates": rates}
+    # Where a batch's time went (durationMs, summed over the batches): latestOffset is the
+    # driver's claims (and the ack of the batch before), addBatch the executors' reads.
+    phases = {key: sum(p["durationMs"].get(key, 0) for p in batches)
+              for key in ("triggerExecution", "latestOffset", "addBatch", "commitOffsets", "walCommit")}
+    return {"batches": len(batches), "batch_rates": rates, "ms": phases}
 
 
 def main() -> int:

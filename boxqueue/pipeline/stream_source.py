@@ -15,6 +15,11 @@ each holding up to ``tasksPerPartition`` tasks and read by one Spark partition. 
 * ``commit`` acks the claims: their tasks are deleted. Spark commits a batch's offset only after
   its next batch is planned, so ``latestOffset`` and ``partitions`` ack their start too: every
   batch Spark has committed is acked by the next call, whatever was killed in between.
+  ``latestOffset`` claims the next batch first and then acks its start on a thread of its own
+  (its own connection), so that the server deletes the batch done while the executors read the
+  next one, rather than while they wait; the next ``latestOffset`` waits for that ack (and
+  raises its error) before it claims again. A driver killed before that ack is done leaves it to
+  the restarted driver's ``partitions``, which acks its start.
 
 A claim that lapses (a batch longer than ``claimTtl``, a driver away longer than that) returns its
 tasks to ready: they are delivered again, never lost. Every call goes to the replica set's leader
@@ -27,6 +32,7 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -113,10 +119,17 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._calls: LeaderCalls | None = None
         self._space_id: int | None = None
         self._upto: int | None = None  # Trigger.AvailableNow: tasks created by then, no later ones
+        # The ack on its thread (see the module's docstring): the thread, with its connection,
+        # the ack in flight and the claims acked last (which later calls need not ack again).
+        self._acker: ThreadPoolExecutor | None = None
+        self._acker_calls: LeaderCalls | None = None
+        self._acking: Future[list[Any]] | None = None
+        self._acked: list[str] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_calls"] = None  # a connection stays in the process that opened it
+        for name in ("_calls", "_acker", "_acker_calls", "_acking"):
+            state[name] = None  # a connection or a thread stays in the process that opened it
         return state
 
     # -- the driver ------------------------------------------------------------------------
@@ -155,8 +168,9 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Claim the next batch's tasks (up to ``limit``); ``start`` itself when none are free.
-        The batch ``start`` ends is committed by Spark: it is acked first."""
-        self._ack(start)
+        The batch ``start`` ends is committed by Spark: it is acked after the claims, on the
+        acking thread (at once, here, when nothing was claimed)."""
+        self._settle_ack()
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else _NO_LIMIT
         stream = start.get("stream") or uuid.uuid4().hex
         seq = int(start.get("seq", 0)) + 1
@@ -176,7 +190,9 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if held < wanted:
                 break  # nothing more is free now
         if not claims:
+            self._ack(start)
             return start
+        self._ack_meanwhile(start)
         return {"stream": stream, "seq": seq, "claims": claims, "tasks": tasks, "after": after}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
@@ -194,14 +210,42 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ack(self, offset: dict[str, Any]) -> None:
         ids = claim_ids(offset)
-        if ids:
+        if ids and ids != self._acked:
             self._call("boxqueue.stream_ack", [self.space_id(), self.tube, ids],
                        f"acknowledging the tasks of tube '{self.tube}'")
+            self._acked = ids
+
+    def _ack_meanwhile(self, offset: dict[str, Any]) -> None:
+        """Ack ``offset``'s claims on the acking thread (none in flight: see _settle_ack)."""
+        ids = claim_ids(offset)
+        if not ids or ids == self._acked:
+            return
+        if self._acker is None:
+            self._acker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxqueue-ack")
+            self._acker_calls = LeaderCalls(self.opts)
+        calls, args = self._acker_calls, [self.space_id(), self.tube, ids]
+        assert calls is not None
+        self._acking = self._acker.submit(calls.call, "boxqueue.stream_ack", args,
+                                          f"acknowledging the tasks of tube '{self.tube}'")
+        self._acked = ids  # (one that fails raises in _settle_ack, before anything else is done)
+
+    def _settle_ack(self) -> None:
+        """Wait for the ack in flight; its error, if it failed, is raised here."""
+        acking, self._acking = self._acking, None
+        if acking is not None:
+            acking.result()
 
     def stop(self) -> None:
-        if self._calls is not None:
-            self._calls.close()
-            self._calls = None
+        try:
+            self._settle_ack()
+        finally:
+            if self._acker is not None:
+                self._acker.shutdown(wait=True)
+                self._acker = None
+            for calls in (self._calls, self._acker_calls):
+                if calls is not None:
+                    calls.close()
+            self._calls = self._acker_calls = None
 
     # -- the executors -----------------------------------------------------------------------
 

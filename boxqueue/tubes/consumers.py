@@ -237,21 +237,48 @@ class Consumers(Producers):
         ``created``, if given), until ``ttl`` from now; a task that would die before the claim
         lives ``grace`` past it. ``claim_id``: the caller's id for it (one not in use), else a new
         one. None if nothing is free."""
+        made = self._new_claim(space_id, tube_name, ttl=ttl, grace=grace, limit=limit, claim_id=claim_id,
+                               created=created, listed=False)
+        if made is None:
+            return Later.done(None)
+        claim, chosen, later = made
+        return later.map(lambda raws: (claim, [(t, raw) for t, raw in zip(chosen, raws, strict=True) if raw]))
+
+    def listed_claim(self, space_id: int, tube_name: str, claim_id: str, *, ttl: int, limit: int,
+                     created: tuple[int, int] | None = None) -> Later[int]:
+        """:meth:`claim` for a Spark stream's batch, with no grace: a listed claim (one write,
+        its record, whatever the number of tasks: see :class:`tubes.tube.Claim`); how many tasks
+        it holds, 0 if none was free. While a change hook is set (Sonya's task events, a
+        tarantool/queue callback), whose subscribers read the stored headers, the tasks' headers
+        are written as for any claim."""
+        made = self._new_claim(space_id, tube_name, ttl=ttl, grace=0, limit=limit, claim_id=claim_id,
+                               created=created, listed=not self.hooks)
+        if made is None:
+            return Later.done(0)
+        _claim, chosen, later = made
+        return later.map(lambda _raws: len(chosen))
+
+    def _new_claim(
+        self, space_id: int, tube_name: str, *, ttl: int, grace: int, limit: int, claim_id: str | None,
+        created: tuple[int, int] | None, listed: bool,
+    ) -> tuple[Claim, list[Task], Later[list[bytes | None]]] | None:
         queue_space = self.queue_space(space_id)
         tube = self.tubes.get((space_id, tube_name))
         chosen = [] if tube is None else self.free_tasks(tube, limit, created=created)
         if not chosen:
-            return Later.done(None)
+            return None
         assert tube is not None
         now = now_us()
         claim_id = uuid.uuid4().hex if claim_id is None else claim_id
         claim = Claim(claim_id, ttl, grace, now + ttl, now, self.claim_holder(queue_space, claim_id))
+        if listed:
+            claim.listed = {t.id: t.ctaken for t in chosen}
         tube.place_claim(claim)
         holding = tr.held_by(claim, now)
         record = self._record_write(CLAIM_RECORDS, claim.record(space_id, tube_name), [])
         later = self._batch(queue_space, tube, changes=[(t, holding, None) for t in chosen], records=[record],
-                            undo_extra=lambda: tube.unplace_claim(claim))
-        return later.map(lambda raws: (claim, [(t, raw) for t, raw in zip(chosen, raws, strict=True) if raw]))
+                            undo_extra=lambda: tube.unplace_claim(claim), rewrite=not listed)
+        return claim, chosen, later
 
     def claim_holder(self, queue_space: QueueSpace, claim_id: str) -> str | int:
         """What the tasks of claim ``claim_id`` keep as their cid in this space."""
@@ -299,7 +326,7 @@ class Consumers(Producers):
 
         record = self._record_write(CLAIM_RECORDS, claim.record(space_id, tube_name), [])
         return self._batch(queue_space, tube, changes=[(t, holding, None) for t in tasks], records=[record],
-                           undo_extra=undo).map(lambda _raws: True)
+                           undo_extra=undo, rewrite=claim.listed is None).map(lambda _raws: True)
 
     def release_claim(self, space_id: int, tube_name: str, claim_id: str) -> Later[None]:
         """The claim ends now: its tasks are free (and no longer show it)."""

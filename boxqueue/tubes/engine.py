@@ -54,6 +54,7 @@ from boxqueue.tubes.recovery import RecoveryProgress
 from boxqueue.tubes.streams import Streams
 from boxqueue.tubes.task import (
     HUMAN,
+    READY,
     STATUS_ORDER,
     TAKEN,
     TUBE_FORMAT,
@@ -252,12 +253,25 @@ class QueueEngine(Streams):
         self._recover_claims(queue_space)
 
     def _recover_claims(self, queue_space: QueueSpace) -> None:
+        """The claims back, each with the tasks it holds: those whose stored headers show it, and
+        for a listed claim those its record lists that are stored ready with the delivery count
+        they had when claimed (the others left it: their headers were written since)."""
         for raw in self._records[CLAIM_RECORDS].pairs(0, 1, [queue_space.id]):
-            _sid, name, cid, ttl, grace, expires, updated = decode_tuple(raw)[:7]
+            fields = decode_tuple(raw)
+            _sid, name, cid, ttl, grace, expires, updated = fields[:7]
             tube = self._tube(queue_space, name)
             claim = Claim(cid, ttl, grace, expires, updated, self.claim_holder(queue_space, cid))
             tube.place_claim(claim)
             claim.tasks.update(t.id for t in tube.tasks.values() if t.status == TAKEN and t.cid == claim.holder)
+            if len(fields) > 8:
+                claim.listed = dict(zip(fields[7], fields[8], strict=True))
+                holding = tr.held_by(claim, updated)
+                for task_id, ctaken in claim.listed.items():
+                    task = tube.tasks.get(task_id)
+                    if task is not None and task.status == READY and task.ctaken == ctaken:
+                        self._leave(tube, task)
+                        holding(task)
+                        self._enter(tube, task)
 
     async def _return_left_taken(self, spaces: list[QueueSpace]) -> None:
         # The tasks loaded taken by a session are those ``_held`` notes (no session exists yet).

@@ -25,6 +25,7 @@ import boxqueue.tubes.transitions as tr
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.later import Later
+from boxqueue.spaces.msgpack_scan import head_replaced
 from boxqueue.spaces.msgpack_values import pack, pack_flat
 from boxqueue.spaces.ownership import Owner
 from boxqueue.spaces.space import REPLACE, Space
@@ -39,7 +40,7 @@ from boxqueue.tubes.task import (
     Task,
     encode_task,
 )
-from boxqueue.tubes.tube import CLAIM_HOLDERS, TALLIES, Remains, Tube, tally_of
+from boxqueue.tubes.tube import CLAIM_HOLDERS, TALLIES, Remains, Tube, is_claim_holder, tally_of
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,17 @@ class EngineBase:
         return tube, task
 
     def stored(self, queue_space: QueueSpace, task: Task) -> bytes | None:
-        return queue_space.space.get(0, queue_space.layout.key(task))
+        """The task's stored tuple, with the header memory has for a task of a listed claim
+        (whose stored header still shows it as it was before the claim: see
+        :class:`tubes.tube.Claim`)."""
+        raw = queue_space.space.get(0, queue_space.layout.key(task))
+        if raw is not None and task.status == TAKEN and is_claim_holder(task.cid):
+            tube = self.tubes.get((queue_space.id, task.tube))
+            claim = None if tube is None else tube.claims.get(task.cid)
+            if claim is not None and claim.listed is not None:
+                header = task.header()
+                raw = head_replaced(raw, len(header), pack_flat(header))[1]
+        return raw
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -512,12 +523,15 @@ class EngineBase:
         counters: Iterable[str] = (),
         undo_extra: Callable[[], None] | None = None,
         expiring: bool = False,
+        rewrite: bool = True,
     ) -> Later[list[bytes | None]]:
         """Several changes of one tube as one write (one commit): ``changes`` and ``deletes``
         happen in memory now, ``inserts`` once durable (each with the values of its fields past
         the header); ``records`` are written with them. The
         Later gives the stored tuples: changed, then deleted, then inserted ones. ``expiring``:
-        the deletes are tasks whose ttl ended."""
+        the deletes are tasks whose ttl ended. ``rewrite=False``: the changes are not written
+        (a listed claim's tasks, which its record holds: see :class:`tubes.tube.Claim`), and the
+        Later gives no tuple for them."""
         space, layout = queue_space.space, queue_space.layout
         done_changes: list[tuple[Task, list[Any], list[Any]]] = []
         writes: list[Callable[[lmdb.Transaction], Any]] = []
@@ -531,7 +545,9 @@ class EngineBase:
             self._enter(tube, task)
             header = task.header()
             done_changes.append((task, before, header))
-            writes.append(_rewrite(queue_space, task, header, tail))
+            if rewrite:
+                writes.append(_rewrite(queue_space, task, header, tail))
+        written = len(done_changes) if rewrite else 0  # the results of the changes' writes
         deleted = [t for t in deletes if tube.tasks.get(t.id) is t]
         for task in deleted:
             self._remove(tube, task)
@@ -551,7 +567,7 @@ class EngineBase:
                     results.append(fn(txn))
             except BoxError as exc:  # part of the batch is written: the committer must roll back
                 raise BatchError(f"a write of tube {tube.name!r} failed: {exc.message}") from exc
-            if any(r is None for r in results[: len(done_changes)]):
+            if any(r is None for r in results[:written]):
                 raise BatchError(f"a task of tube {tube.name!r} is missing from its space")
             return results
 
@@ -565,16 +581,18 @@ class EngineBase:
                 later.settle(None, error)
                 return
             assert results is not None
-            for (task, before, header), raw in zip(done_changes, results, strict=False):
+            for i, (task, before, header) in enumerate(done_changes):
                 if before[2] != header[2]:
                     self._tally(tube, before[2], header[2])
-                self._notify(tube, task.id, before[2], task.status, raw)
+                if self.hooks:
+                    raw = results[i] if rewrite else self.stored(queue_space, task)
+                    self._notify(tube, task.id, before[2], task.status, raw)
             for task in deleted:
                 self._tally(tube, task.status, None, expiring)
                 self._notify(tube, task.id, task.status, None, None)
-            inserted = results[len(done_changes) + len(deleted):][: len(new)]
+            inserted = results[written + len(deleted):][: len(new)]
             self._place_inserted(queue_space, tube, [(task, raw) for (task, _tail), raw in zip(new, inserted, strict=True)])
-            later.settle(results[: len(done_changes) + len(deleted) + len(new)])
+            later.settle(results[: written + len(deleted) + len(new)])
 
         try:
             self.committer.submit(write, done)

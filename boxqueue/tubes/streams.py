@@ -12,7 +12,8 @@
   Spark will never run again are forgotten (:meth:`Streams.forget_marks`).
 
 A claim here is the engine's claim (:class:`tubes.tube.Claim`, Zaqar's): durable, renewable, its
-tasks taken with its holder as their cid.
+tasks taken with its holder as their cid; a listed one, whose record lists its tasks, so that a
+claim of N tasks is one write.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ class Streams(Monitors):
 
         async def _open_records(self) -> None: ...
 
-        def claim(self, space_id: int, tube_name: str, *, ttl: int, grace: int, limit: int,
-                  claim_id: str | None = None, created: tuple[int, int] | None = None
-                  ) -> Later[tuple[Claim, list[tuple[Task, bytes]]] | None]: ...
+        def listed_claim(self, space_id: int, tube_name: str, claim_id: str, *, ttl: int, limit: int,
+                         created: tuple[int, int] | None = None) -> Later[int]: ...
 
         def present_claim(self, space_id: int, tube_name: str, claim_id: str) -> Claim | None: ...
 
@@ -77,9 +77,7 @@ class Streams(Monitors):
         claim = self.present_claim(space_id, tube_name, claim_id)
         if claim is not None:
             return len(claim.tasks) if claim.expires > now_us() else 0
-        made = await self.claim(space_id, tube_name, ttl=ttl, grace=0, limit=limit, claim_id=claim_id,
-                                created=created)
-        return 0 if made is None else len(made[1])
+        return await self.listed_claim(space_id, tube_name, claim_id, ttl=ttl, limit=limit, created=created)
 
     def claim_tasks(self, space_id: int, tube_name: str, claim_id: str, after: int, limit: int) -> list[bytes]:
         """The stored tuples of the live tasks claim ``claim_id`` holds, created after ``after``,
@@ -101,7 +99,8 @@ class Streams(Monitors):
 
     async def renew_batch(self, space_id: int, tube_name: str, claim_ids: Iterable[str], ttl: int) -> int:
         """The claims that live get ``ttl`` from now, where less than half of it is left (a
-        renewal rewrites every task a claim holds); how many live."""
+        renewal moves every task a claim holds in memory, and writes the claim's record); how many
+        live."""
         live = 0
         for claim_id in claim_ids:
             claim = self.live_claim(space_id, tube_name, claim_id)

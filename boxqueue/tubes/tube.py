@@ -67,9 +67,17 @@ def is_claim_holder(cid: Any) -> bool:
 class Claim:
     """A consumer identity that expires (a Zaqar claim, a Spark stream's batch): the tasks it
     holds are taken with its ``holder`` (:func:`claim_holder`) as their cid, until it is released
-    or expires; claiming extends their life by ``grace``. Times in microseconds."""
+    or expires; claiming extends their life by ``grace``. Times in microseconds.
 
-    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks", "holder")
+    Where its tasks are durably taken: in their stored headers (Zaqar's claims), or, for a
+    **listed** claim (a Spark stream's), in its own record, which lists them with the delivery
+    count each had when claimed (:attr:`listed`). A listed claim's tasks keep their stored headers
+    as they were (ready) until the claim ends, when they are rewritten ready with this delivery
+    counted, or until they are acknowledged (deleted): a claim of N tasks is one write, not N.
+    Recovery takes again each listed task whose stored header still shows that count and ready
+    (``QueueEngine._recover_claims``); one whose header changed since (it left the claim) is not."""
+
+    __slots__ = ("id", "ttl", "grace", "expires", "updated", "tasks", "holder", "listed")
 
     def __init__(self, id: str, ttl: int, grace: int, expires: int, updated: int,
                  holder: str | int | None = None) -> None:
@@ -80,9 +88,13 @@ class Claim:
         self.updated = updated
         self.tasks: set[str] = set()  # ids of the tasks it holds now
         self.holder = id if holder is None else holder
+        self.listed: dict[str, int] | None = None  # a listed claim's tasks: id -> ctaken when claimed
 
     def record(self, space_id: int, tube: str) -> list[Any]:
-        return [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
+        fields = [space_id, tube, self.id, self.ttl, self.grace, self.expires, self.updated]
+        if self.listed is not None:
+            fields += [list(self.listed), list(self.listed.values())]
+        return fields
 
 
 class Remains:

@@ -112,6 +112,8 @@ def test_a_lapsed_claim_returns_its_tasks_to_ready_and_a_renewed_one_holds(serve
     taken = [conn.call("box.queue.take", [0, "lapse", 0]).data for _ in range(3)]
     assert [t[0][0] for t in taken if t] == ids[:2]  # a's tasks are ready again, with cid 0
     assert conn.call("box.queue.meta", [0, ids[0]]).data[0][6] != 0  # now the session's
+    # Stored too, with the claim's delivery counted: the take made it two.
+    assert sorted(t[11] for t in conn.select(0, []) if t[0] in ids[:2]) == [2, 2]
     conn.close()
 
 
@@ -211,3 +213,36 @@ def test_the_first_calls_on_a_fresh_server_arriving_together_all_succeed(server)
     answers = [raw.wait_for(sync) for sync in raw.send_many(calls)]
     assert answers == [(0, [1])] * 16
     raw.close()
+
+
+def test_a_stream_claim_is_one_record_and_a_task_that_leaves_it_stays_out_after_a_kill(tmp_path):
+    """A stream's claim is listed (boxqueue/tubes/tube.py, Claim): its record names its tasks and
+    the stored tuples keep their headers, so a raw select shows them as they were before the
+    claim while every queue verb shows them taken. A task another API returns to ready (a Deckard
+    Ack, which needs no owner) has its header written then, and a restart does not give it back
+    to the claim; the others stay the claim's."""
+    from tests.integration.test_cross_api import Servers, call
+
+    servers = Servers(tmp_path / "srv")
+    servers.start()
+    try:
+        sid = servers.space_id("deckard")
+        conn = servers.iproto()
+        ids = [call(conn, "put", sid, "jobs", 0, 0, 0, 0, f"job-{i}")[0][0] for i in range(3)]
+        assert conn.call("boxqueue.stream_claim", [sid, "jobs", "s.1.0", 3, 60]).data == [3]
+        stored = {t[0]: t for t in conn.select(sid, []) if t[1] == "jobs"}
+        assert {stored[i][2] for i in ids} == {"r"} and {stored[i][11] for i in ids} == {0}
+        assert [call(conn, "peek", sid, i)[0][2] for i in ids] == ["taken"] * 3
+        assert [(t[2], t[11]) for t in read_claim(conn, sid, "jobs", "s.1.0")] == [("t", 1)] * 3
+        conn.close()
+        assert servers.dk.ack("jobs", ids[0]).success  # back to ready: out of the claim
+        servers.restart("kill")
+        conn = servers.iproto()
+        assert [t[0] for t in read_claim(conn, sid, "jobs", "s.1.0")] == ids[1:]
+        assert [call(conn, "peek", sid, i)[0][2] for i in ids] == ["ready", "taken", "taken"]
+        assert servers.dk.pull_ids("jobs", 10) == [ids[0]]
+        assert conn.call("boxqueue.stream_ack", [sid, "jobs", ["s.1.0"]]).data == [2]
+        assert sorted(t[0] for t in conn.select(sid, []) if t[1] == "jobs") == [ids[0]]
+        conn.close()
+    finally:
+        servers.stop()
