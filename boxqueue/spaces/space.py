@@ -419,6 +419,18 @@ class Space:
         index.check_key(key, exact=True)
         return self._get(index, key, txn or self.storage.reader())
 
+    def get_many(self, wanted: list[list[Any]]) -> list[bytes | None]:
+        """:meth:`get` by primary key of each key of ``wanted``, in one read transaction (a Spark
+        stream's read of a claim's tasks)."""
+        primary = self._primary()
+        txn = self.storage.reader()
+        db = primary.db
+        found: list[bytes | None] = []
+        for key in wanted:
+            primary.check_key(key, exact=True)
+            found.append(txn.get(keys.stored_form(keys.encode(key)), None, db))
+        return found
+
     def pairs(self, iid: int, iterator: int, key: list[Any], txn: lmdb.Transaction | None = None) -> Iterator[bytes]:
         """A lazy scan; the transaction must stay valid while it is consumed."""
         index = self.index(iid)

@@ -1,6 +1,7 @@
 # C declarations for Cython (see boxqueue/compiled.py): the engine's task and tube types, so that
 # this module's code typed with them reads their fields directly.
 
+from boxqueue.spaces cimport msgpack_scan
 from boxqueue.tubes.task cimport Layout, Task
 from boxqueue.tubes.tube cimport Tube
 

@@ -23,9 +23,9 @@ import trio
 
 import boxqueue.tubes.transitions as tr
 from boxqueue.errcodes import ER, BoxError
+from boxqueue.spaces import msgpack_scan
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.later import Later
-from boxqueue.spaces.msgpack_scan import head_replaced
 from boxqueue.spaces.msgpack_values import pack, pack_flat
 from boxqueue.spaces.ownership import Owner
 from boxqueue.spaces.space import REPLACE, Space
@@ -40,7 +40,15 @@ from boxqueue.tubes.task import (
     Task,
     encode_task,
 )
-from boxqueue.tubes.tube import CLAIM_HOLDERS, TALLIES, Remains, Tube, is_claim_holder, tally_of
+from boxqueue.tubes.tube import (
+    CLAIM_HOLDERS,
+    TALLIES,
+    Claim,
+    Remains,
+    Tube,
+    is_claim_holder,
+    tally_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -296,9 +304,18 @@ class EngineBase:
             tube = self.tubes.get((queue_space.id, task.tube))
             claim = None if tube is None else tube.claims.get(task.cid)
             if claim is not None and claim.listed is not None:
-                header = task.header()
-                raw = head_replaced(raw, len(header), pack_flat(header))[1]
+                raw = _as_in_memory(raw, task)
         return raw
+
+    @cython.locals(task=Task)
+    def stored_of_claim(self, queue_space: QueueSpace, tasks: list[Task], claim: Claim) -> list[bytes]:
+        """What :meth:`stored` gives for each of ``tasks``, all held by ``claim``, read in one
+        transaction (a task not stored is left out)."""
+        layout = queue_space.layout
+        raws = queue_space.space.get_many([layout.key(task) for task in tasks])
+        if claim.listed is None:
+            return [raw for raw in raws if raw is not None]
+        return [_as_in_memory(raw, task) for task, raw in zip(tasks, raws, strict=True) if raw is not None]
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -687,6 +704,13 @@ def default_kind(name: str) -> TubeKind:
 
 def is_session(cid: Any) -> bool:
     return type(cid) is int and 0 < cid < CLAIM_HOLDERS
+
+
+@cython.locals(task=Task)
+def _as_in_memory(raw: bytes, task: Task) -> bytes:
+    """The stored tuple ``raw`` of ``task`` with the header it has in memory."""
+    header = task.header()
+    return msgpack_scan.head_replaced(raw, len(header), pack_flat(header))[1]
 
 
 def _rewrite(queue_space: QueueSpace, task: Task, header: list[Any], tail: Tail | None) -> Callable[[lmdb.Transaction], Any]:

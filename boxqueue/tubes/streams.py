@@ -85,17 +85,8 @@ class Streams(Monitors):
         claim = self.live_claim(space_id, tube_name, claim_id)
         if claim is None:
             return []
-        queue_space = self.queue_space(space_id)
-        found = []
-        for task in self.claimed_tasks(space_id, tube_name, claim):
-            if task.created <= after:
-                continue
-            raw = self.stored(queue_space, task)
-            if raw is not None:
-                found.append(raw)
-                if len(found) >= limit:
-                    break
-        return found
+        wanted = [task for task in self.claimed_tasks(space_id, tube_name, claim) if task.created > after]
+        return self.stored_of_claim(self.queue_space(space_id), wanted[:limit], claim)
 
     async def renew_batch(self, space_id: int, tube_name: str, claim_ids: Iterable[str], ttl: int) -> int:
         """The claims that live get ``ttl`` from now, where less than half of it is left (a
