@@ -15,11 +15,15 @@ each holding up to ``tasksPerPartition`` tasks and read by one Spark partition. 
 * ``commit`` acks the claims: their tasks are deleted. Spark commits a batch's offset only after
   its next batch is planned, so ``latestOffset`` and ``partitions`` ack their start too: every
   batch Spark has committed is acked by the next call, whatever was killed in between.
-  ``latestOffset`` claims the next batch first and then acks its start on a thread of its own
-  (its own connection), so that the server deletes the batch done while the executors read the
-  next one, rather than while they wait; the next ``latestOffset`` waits for that ack (and
-  raises its error) before it claims again. A driver killed before that ack is done leaves it to
-  the restarted driver's ``partitions``, which acks its start.
+* the server's work of a batch overlaps the executors' reads: ``latestOffset`` claims its batch
+  (or finds it claimed), then, on a thread of its own (its own connection), acks its start and
+  claims the batch after it ahead, while the executors read this one; the next
+  ``latestOffset`` waits for that work (and raises its error) before it goes on. A claim made
+  ahead is named like any (the next batch's ids), so the next ``latestOffset``, or a restarted
+  driver's, finds it; a driver killed before the ack is done leaves it to the restarted
+  driver's ``partitions``, which acks its start. A query stopped holds its last planned batch
+  and the one claimed ahead (Spark ends the reader's process without calling ``stop``): a
+  restart from its checkpoint reads both, or they lapse after ``claimTtl``.
 
 A claim that lapses (a batch longer than ``claimTtl``, a driver away longer than that) returns its
 tasks to ready: they are delivered again, never lost. Every call goes to the replica set's leader
@@ -119,16 +123,16 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._calls: LeaderCalls | None = None
         self._space_id: int | None = None
         self._upto: int | None = None  # Trigger.AvailableNow: tasks created by then, no later ones
-        # The ack on its thread (see the module's docstring): the thread, with its connection,
-        # the ack in flight and the claims acked last (which later calls need not ack again).
-        self._acker: ThreadPoolExecutor | None = None
-        self._acker_calls: LeaderCalls | None = None
-        self._acking: Future[list[Any]] | None = None
+        # The background thread (see the module's docstring), with its connection and the work
+        # in flight, and the claims acked last (which later calls need not ack again).
+        self._background: ThreadPoolExecutor | None = None
+        self._background_calls: LeaderCalls | None = None
+        self._working: Future[None] | None = None
         self._acked: list[str] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_calls", "_acker", "_acker_calls", "_acking"):
+        for name in ("_calls", "_background", "_background_calls", "_working"):
             state[name] = None  # a connection or a thread stays in the process that opened it
         return state
 
@@ -169,31 +173,38 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Claim the next batch's tasks (up to ``limit``); ``start`` itself when none are free.
         The batch ``start`` ends is committed by Spark: it is acked after the claims, on the
-        acking thread (at once, here, when nothing was claimed)."""
-        self._settle_ack()
+        background thread, which then claims the batch after this one ahead (at once, here,
+        when nothing was claimed)."""
+        self._settle_background()
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else _NO_LIMIT
         stream = start.get("stream") or uuid.uuid4().hex
         seq = int(start.get("seq", 0)) + 1
         after = int(start.get("after", 0))
-        upto = self._upto if self._upto is not None else None
+        if self._calls is None:
+            self._calls = LeaderCalls(self.opts)
+        claims, tasks = self._claim_batch(self._calls, stream, seq, after, budget)
+        if not claims:
+            self._ack(start)
+            return start
+        self._meanwhile(start, stream, seq + 1, after, budget)
+        return {"stream": stream, "seq": seq, "claims": claims, "tasks": tasks, "after": after}
+
+    def _claim_batch(self, calls: LeaderCalls, stream: str, seq: int, after: int, budget: int) -> tuple[int, int]:
+        """The claims of batch ``seq``, made now or found made: how many, and their tasks."""
         claims = tasks = 0
         space_id = self.space_id()
         while tasks < budget:
             wanted = min(self.stream.tasks_per_partition, budget - tasks)
             claim = f"{stream}.{seq}.{claims}"
-            args = [space_id, self.tube, claim, wanted, self.stream.claim_ttl, after, upto]
-            held = self._call("boxqueue.stream_claim", args, f"claiming tasks of tube '{self.tube}'")[0]
+            args = [space_id, self.tube, claim, wanted, self.stream.claim_ttl, after, self._upto]
+            held = calls.call("boxqueue.stream_claim", args, f"claiming tasks of tube '{self.tube}'")[0]
             if not held:
                 break
             claims += 1
             tasks += held
             if held < wanted:
                 break  # nothing more is free now
-        if not claims:
-            self._ack(start)
-            return start
-        self._ack_meanwhile(start)
-        return {"stream": stream, "seq": seq, "claims": claims, "tasks": tasks, "after": after}
+        return claims, tasks
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         ids = claim_ids(end)
@@ -215,37 +226,46 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                        f"acknowledging the tasks of tube '{self.tube}'")
             self._acked = ids
 
-    def _ack_meanwhile(self, offset: dict[str, Any]) -> None:
-        """Ack ``offset``'s claims on the acking thread (none in flight: see _settle_ack)."""
-        ids = claim_ids(offset)
-        if not ids or ids == self._acked:
-            return
-        if self._acker is None:
-            self._acker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxqueue-ack")
-            self._acker_calls = LeaderCalls(self.opts)
-        calls, args = self._acker_calls, [self.space_id(), self.tube, ids]
+    def _meanwhile(self, start: dict[str, Any], stream: str, ahead: int, after: int, budget: int) -> None:
+        """On the background thread (nothing in flight there: see _settle_background): ack
+        ``start``'s claims, then claim batch ``ahead``'s tasks (its ``latestOffset`` finds them)."""
+        ids = claim_ids(start)
+        if ids == self._acked:
+            ids = []
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="boxqueue-stream")
+            self._background_calls = LeaderCalls(self.opts)
+        calls = self._background_calls
         assert calls is not None
-        self._acking = self._acker.submit(calls.call, "boxqueue.stream_ack", args,
-                                          f"acknowledging the tasks of tube '{self.tube}'")
-        self._acked = ids  # (one that fails raises in _settle_ack, before anything else is done)
+        space_id = self.space_id()
 
-    def _settle_ack(self) -> None:
-        """Wait for the ack in flight; its error, if it failed, is raised here."""
-        acking, self._acking = self._acking, None
-        if acking is not None:
-            acking.result()
+        def work() -> None:
+            if ids:
+                calls.call("boxqueue.stream_ack", [space_id, self.tube, ids],
+                           f"acknowledging the tasks of tube '{self.tube}'")
+            self._claim_batch(calls, stream, ahead, after, budget)
+
+        self._working = self._background.submit(work)
+        if ids:
+            self._acked = ids  # (one that fails raises in _settle_background, before anything else)
+
+    def _settle_background(self) -> None:
+        """Wait for the work in flight; its error, if it failed, is raised here."""
+        working, self._working = self._working, None
+        if working is not None:
+            working.result()
 
     def stop(self) -> None:
         try:
-            self._settle_ack()
+            self._settle_background()
         finally:
-            if self._acker is not None:
-                self._acker.shutdown(wait=True)
-                self._acker = None
-            for calls in (self._calls, self._acker_calls):
+            if self._background is not None:
+                self._background.shutdown(wait=True)
+                self._background = None
+            for calls in (self._calls, self._background_calls):
                 if calls is not None:
                     calls.close()
-            self._calls = self._acker_calls = None
+            self._calls = self._background_calls = None
 
     # -- the executors -----------------------------------------------------------------------
 

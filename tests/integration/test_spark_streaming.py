@@ -186,6 +186,34 @@ def test_a_server_killed_mid_stream_loses_nothing_and_duplicates_nothing(server,
     conn.close()
 
 
+def test_a_query_stopped_and_started_again_reads_what_it_claimed_ahead(server, spark, tmp_path):
+    """A running query claims the batch after the one its executors read (stream_source.py). A
+    query stopped holds its last planned batch and the one claimed ahead; started again from its
+    checkpoint, it reads both: every task arrives once and no claim is left."""
+    conn = tarantool.Connection("127.0.0.1", server.port)
+    put_tasks(conn, "src", 20_000)
+    uri, checkpoint = f"127.0.0.1:{server.port}", tmp_path / "checkpoint"
+    query = run_query(spark, uri, checkpoint, maxTasksPerTrigger="4000", tasksPerPartition="2000")
+    try:
+        wait_for(lambda: count(conn, "dst") >= 4_000, 300, "a batch moved", alive=lambda: query.isActive,
+                 why=query.exception)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    held = sum(len(claim[7]) for claim in conn.select("tube_claims", [], limit=100).data)  # the tasks listed
+    assert 0 < held <= 8_000 and count(conn, "dst") < 20_000, f"{held} tasks held: not stopped mid-stream"
+    again = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", "src").option("queue_space", "0")
+             .option("maxTasksPerTrigger", "4000").option("tasksPerPartition", "2000").load().selectExpr("value")
+             .writeStream.format("boxqueue").option("uri", uri).option("tube", "dst").option("queue_space", "0")
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    again.awaitTermination(300)
+    assert not again.isActive and again.exception() is None
+    arrived = payloads(conn, "dst")
+    assert sorted(arrived) == sorted(f"task-{i}" for i in range(20_000)) and set(arrived.values()) == {1}
+    assert count(conn, "src") == 0 and conn.select("tube_claims", [], limit=10).data == []
+    conn.close()
+
+
 def test_a_failover_mid_stream_loses_nothing(spark, tmp_path):
     cluster = Cluster(tmp_path / "cluster")
     cluster.start()
