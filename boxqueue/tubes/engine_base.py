@@ -528,6 +528,7 @@ class EngineBase:
         if task.id not in tube.tasks:
             self._add(tube, task)
 
+    @cython.locals(task=Task, layout=Layout)
     def _batch(
         self,
         queue_space: QueueSpace,
@@ -606,7 +607,8 @@ class EngineBase:
                     self._notify(tube, task.id, before[2], task.status, raw)
             for task in deleted:
                 self._tally(tube, task.status, None, expiring)
-                self._notify(tube, task.id, task.status, None, None)
+                if self.hooks:
+                    self._notify(tube, task.id, task.status, None, None)
             inserted = results[written + len(deleted):][: len(new)]
             self._place_inserted(queue_space, tube, [(task, raw) for (task, _tail), raw in zip(new, inserted, strict=True)])
             later.settle(results[: written + len(deleted) + len(new)])

@@ -112,7 +112,11 @@ class Streams(Monitors):
             if claim is None:
                 continue
             tube = self.tubes[(space_id, tube_name)]
-            tasks = [tube.tasks[i] for i in sorted(claim.tasks)]
+            held = claim.tasks
+            # In the order they were claimed (a listed claim's; by id otherwise): their LMDB
+            # entries lie together, in creation order, as their ids do.
+            order = sorted(held) if claim.listed is None else [i for i in claim.listed if i in held]
+            tasks = [tube.tasks[i] for i in order]
             tube.unplace_claim(claim)
             record = self._record_write(CLAIM_RECORDS, None, [space_id, tube_name, claim.id])
 
