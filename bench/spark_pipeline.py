@@ -10,8 +10,9 @@ Spark session, then times four jobs end to end, as a user would see them, ``--ru
 * read: the whole space through the ``noop`` sink (every column materialised, nothing kept);
 * tube: ``--tube-rows`` rows into a tube (box.queue.put's semantics, batch_size rows a request);
 * stream: ``--stream-tasks`` tasks put into a tube, then ``spark.readStream`` of the tube into the
-  ``noop`` sink with Trigger.AvailableNow: tasks over the query's time, and the batches' own rate
-  from StreamingQueryProgress (0 to skip).
+  ``noop`` sink with Trigger.AvailableNow: tasks over the query's time, the batches' own rate
+  and where their time went (durationMs) from StreamingQueryProgress, and the server's CPU time a
+  task (0 to skip).
 
     .venv/bin/python bench/spark_pipeline.py --master 'local[2]'      # 1,000,000 rows
     .venv/bin/python bench/spark_pipeline.py --rows 200000 --partitions 4 --wal write
@@ -105,8 +106,16 @@ def fill_tube(uri: str, tube: str, count: int) -> None:
 checkpoints: list[str] = []  # the streams' checkpoint folders, removed at the end
 
 
-def stream(spark, uri: str, tube: str, args: argparse.Namespace) -> dict:
-    """The tube read as a stream into noop until empty; the batches' own rate from their progress."""
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream(spark, uri: str, tube: str, args: argparse.Namespace, server_pid: int) -> dict:
+    """The tube read as a stream into noop until empty; the batches' own rate from their progress,
+    and the server's CPU time a task (µs) over the query."""
+    cpu_before = cpu_seconds(server_pid)
     checkpoint = tempfile.mkdtemp(prefix="spark-bench-checkpoint-")
     checkpoints.append(checkpoint)
     query = (spark.readStream.format("boxqueue").option("uri", uri).option("tube", tube)
@@ -120,7 +129,9 @@ def stream(spark, uri: str, tube: str, args: argparse.Namespace) -> dict:
     # driver's claims (and the ack of the batch before), addBatch the executors' reads.
     phases = {key: sum(p["durationMs"].get(key, 0) for p in batches)
               for key in ("triggerExecution", "latestOffset", "addBatch", "commitOffsets", "walCommit")}
-    return {"batches": len(batches), "batch_rates": rates, "ms": phases}
+    tasks = sum(p["numInputRows"] for p in batches)
+    server_us = round((cpu_seconds(server_pid) - cpu_before) * 1e6 / max(tasks, 1), 1)
+    return {"batches": len(batches), "batch_rates": rates, "ms": phases, "server_us_a_task": server_us}
 
 
 def main() -> int:
@@ -163,8 +174,8 @@ def main() -> int:
                     .mode("append").save())))
             if args.stream_tasks:
                 fill_tube(uri, f"events{run}", args.stream_tasks)
-                results.append(timed("stream", args.stream_tasks, lambda run=run: stream(spark, uri, f"events{run}",
-                                                                                          args)))
+                results.append(timed("stream", args.stream_tasks, lambda run=run: stream(
+                    spark, uri, f"events{run}", args, server.proc.pid)))
     finally:
         spark.stop()
         server.stop()
