@@ -155,6 +155,29 @@ def test_a_tarantool_queue_tube_is_claimed_by_its_claim_id(server):
     conn.close()
 
 
+def test_while_a_change_hook_is_set_a_stream_claim_writes_its_tasks_headers(server):
+    """A tarantool/queue on_task_change callback (and Sonya's task events) reads the stored tuples:
+    while one is set, a stream's claim is not listed, and its tasks' headers are written."""
+    conn = connect(server)
+    conn.eval("""
+        otc_seen = {}
+        queue.create_tube(..., 'fifo', {on_task_change = function(task, what)
+            table.insert(otc_seen, {task[2], what})
+        end})
+    """, ["watched"])
+    for i in range(2):
+        conn.call("queue.tube.watched:put", [f"w-{i}"])
+    space = conn.eval("return box.space.watched.id").data[0]
+    assert conn.call("boxqueue.stream_claim", [space, "watched", "w.1.0", 2, 60]).data == [2]
+    assert [t[2] for t in conn.select(space, [], limit=10).data] == ["t", "t"]
+    assert conn.select("tube_claims", [], limit=10).data[0][7:] == []  # its record lists nothing
+    deadline = time.monotonic() + 10
+    while len(conn.eval("return otc_seen").data[0]) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [what for _status, what in conn.eval("return otc_seen").data[0]] == ["put", "put", "take", "take"]
+    conn.close()
+
+
 def test_marked_puts_and_replaces_are_written_once(server):
     conn = connect(server)
     rows = [[0, 0, 0, 0, f"m-{i}"] for i in range(100)] + [[0, 0, 0, 5, "urgent"]]
