@@ -230,8 +230,9 @@ class IndexLookup:
 
 @cython.cclass
 class _ReplaceOnly:
-    """A REPLACE into a space with no secondary index: one put (a callable object rather than a
-    closure, which costs more to make on every write)."""
+    """A REPLACE into a space with no secondary index in LMDB: one put, noted for the in-memory
+    views if the space has them (a callable object rather than a closure, which costs more to make
+    on every write; and no read of the tuple it replaces, which nothing here needs)."""
 
     def __init__(self, space: Space, pk_stored: bytes, raw: bytes) -> None:
         self.space = space
@@ -239,8 +240,11 @@ class _ReplaceOnly:
         self.raw = raw
 
     def __call__(self, txn: lmdb.Transaction) -> bytes:
-        self.space._check_alive()
-        txn.put(self.pk_stored, self.raw, True, True, False, self.space.primary.db)
+        space = self.space
+        space._check_alive()
+        txn.put(self.pk_stored, self.raw, True, True, False, space.primary.db)
+        if space.views is not None:
+            space.views.changed(txn, self.pk_stored)
         return self.raw
 
 
@@ -538,7 +542,7 @@ class Space:
         pk = keys.encode(primary.key_of(fields))
         new_entries = self._entries(fields, pk)
 
-        if mode == REPLACE and not self.secondaries and self.views is None:
+        if mode == REPLACE and not self.secondaries:
             return _ReplaceOnly(self, new_entries[0][1], raw)
 
         def write(txn: lmdb.Transaction) -> bytes:

@@ -655,7 +655,8 @@ class EngineBase:
             if task.status == READY:
                 woke = True
             self._tally(tube, None, task.status)
-            self._notify(tube, task.id, None, task.status, raw)
+            if self.hooks:
+                self._notify(tube, task.id, None, task.status, raw)
         if woke:
             tube.wake_one_consumer()
 
