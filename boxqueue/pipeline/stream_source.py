@@ -139,16 +139,18 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- the driver ------------------------------------------------------------------------
 
     def _call(self, function: str, args: list[Any], what: str) -> list[Any]:
+        return self._connection().call(function, args, what)
+
+    def _connection(self) -> LeaderCalls:
+        """The driver's calls to the leader (opened on first use)."""
         if self._calls is None:
             self._calls = LeaderCalls(self.opts)
-        return self._calls.call(function, args, what)
+        return self._calls
 
     def space_id(self) -> int:
         """The queue space's id (the stream's procedures take ids), looked up once."""
         if self._space_id is None:
-            if self._calls is None:
-                self._calls = LeaderCalls(self.opts)
-            self._space_id = self._calls.with_leader(self._look_up_space, "looking up the queue space")
+            self._space_id = self._connection().with_leader(self._look_up_space, "looking up the queue space")
         return self._space_id
 
     def _look_up_space(self, conn: Any) -> int:
@@ -180,9 +182,7 @@ class TubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stream = start.get("stream") or uuid.uuid4().hex
         seq = int(start.get("seq", 0)) + 1
         after = int(start.get("after", 0))
-        if self._calls is None:
-            self._calls = LeaderCalls(self.opts)
-        claims, tasks = self._claim_batch(self._calls, stream, seq, after, budget)
+        claims, tasks = self._claim_batch(self._connection(), stream, seq, after, budget)
         if not claims:
             self._ack(start)
             return start

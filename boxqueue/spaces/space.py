@@ -432,6 +432,8 @@ class Space:
         found: list[bytes | None] = []
         for key in wanted:
             primary.check_key(key, exact=True)
+            # (:meth:`_get`'s primary-key lookup, inline: a call a key cost about 1,000
+            # instructions a streamed task in bench/handle_cost.py stream)
             found.append(txn.get(keys.stored_form(keys.encode(key)), None, db))
         return found
 
