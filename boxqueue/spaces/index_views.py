@@ -97,6 +97,16 @@ class IndexViews:
             self._catch_up(self.space.storage.reader())
             self._prune_at = max(PRUNE_AT, 2 * len(noted))
 
+    def changed_many(self, txn: Any, pks: list[bytes]) -> None:
+        """:meth:`changed` of each of ``pks``, in ``txn``."""
+        noted = self.noted
+        stamp = txn.id()
+        for pk in pks:
+            noted[pk] = stamp
+        if len(noted) >= self._prune_at:
+            self._catch_up(self.space.storage.reader())
+            self._prune_at = max(PRUNE_AT, 2 * len(noted))
+
     def emptied(self, txn: Any) -> None:
         """Every tuple was deleted in ``txn`` (a truncation)."""
         self.emptied_at = txn.id()

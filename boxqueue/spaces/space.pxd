@@ -27,10 +27,24 @@ cdef class Index:
 cdef class Space
 
 
+cdef class _FieldCheck:
+    cdef Py_ssize_t fieldno
+    cdef int code
+    cdef object accepts
+    cdef str tname
+    cdef bint nullable
+
+
 cdef class _ReplaceOnly:
     cdef Space space
     cdef bytes pk_stored
     cdef bytes raw
+
+
+cdef class _ReplaceMany:
+    cdef Space space
+    cdef list pks
+    cdef list raws
 
 
 cdef class Space:
@@ -49,6 +63,7 @@ cdef class Space:
     cdef public bint memory_indexes
     cdef public object views
     cdef list _checks
+    cdef Py_ssize_t _field_count
 
     cpdef list select(self, object iid, object iterator, object key, object offset=*, object limit=*, object txn=*)
     cpdef Index _primary(self)

@@ -101,6 +101,16 @@ class RedoTxn:
             return True
         return False
 
+    def put_many(self, keys: list[bytes], values: list[bytes], db: Any = None) -> None:
+        """:meth:`put` (overwriting) of each ``keys[i]``, ``values[i]``, in order: one call of a
+        cursor's ``putmulti`` (about a quarter of what a ``put`` a pair costs)."""
+        name = self._name(db)
+        with self.txn.cursor(db) as cursor:
+            cursor.putmulti(zip(keys, values, strict=True))
+        ops = self.ops
+        for key, value in zip(keys, values, strict=True):
+            ops += (PUT, name, key, value)
+
     def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
         name = self._name(db)
         old = self.txn.replace(key, value, db)
@@ -189,6 +199,16 @@ class RedoCursor:
             self._redo.ops += (DELETE, self._name, key, None)
             return True
         return False
+
+
+def put_all(txn: Any, keys: list[bytes], values: list[bytes], db: Any) -> None:
+    """``txn.put(keys[i], values[i], db=db)`` (overwriting) of each pair, in order, in one call:
+    in a :class:`RedoTxn` (noted) or a bare transaction."""
+    if type(txn) is RedoTxn:
+        txn.put_many(keys, values, db)
+        return
+    with txn.cursor(db) as cursor:
+        cursor.putmulti(zip(keys, values, strict=True))
 
 
 def decode(payload: bytes | memoryview) -> list[Op]:

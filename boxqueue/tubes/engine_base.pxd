@@ -28,7 +28,7 @@ cdef class EngineBase:
     cdef public object _checked
     cdef public object _known
     cdef public object _records
-    cdef public object _last_created
+    cdef public long long _last_created
     cdef public object _nursery
     cdef public object _recovered
     cdef public object hooks
@@ -53,8 +53,9 @@ cdef class EngineBase:
     cpdef object _next_created(self)
     cpdef str new_id(self, object created)
     cpdef _delete(self, object queue_space, Tube tube, Task task, tuple counters=*)
-    cpdef _place_inserted(self, object queue_space, Tube tube, list inserted)
+    cpdef _place_inserted(self, object queue_space, Tube tube, list tasks, list raws)
     cpdef _tally(self, Tube tube, object old, object new, bint expired=*)
+    cpdef _count_tally(self, Tube tube, Py_ssize_t which, Py_ssize_t count)
     cpdef _notify(self, Tube tube, object task_id, object old, object new, object raw)
 
 

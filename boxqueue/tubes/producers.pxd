@@ -7,7 +7,9 @@ from boxqueue.tubes.tube cimport Tube
 
 
 cdef class Producers(EngineBase):
-    pass
+    cpdef Task _new_task(self, object queue_space, Tube tube, long long delay, object ttl, object ttr, object ipri,
+                         object pri, object task_id, object attrs)
+    cpdef list new_puts(self, object queue_space, Tube tube, list items)
 
 
 cdef class _Inserted:

@@ -55,22 +55,53 @@ class Producers(EngineBase):
         attrs: dict[str, Any] | None = None,
     ) -> Task:
         """A task not stored yet: ``ttl`` counts from its creation and includes ``delay``."""
+        return self._new_task(queue_space, tube, delay, ttl, ttr, ipri, pri, task_id, attrs)
+
+    @cython.locals(task=Task, created=cython.longlong, life=cython.longlong)
+    def _new_task(self, queue_space: QueueSpace, tube: Tube, delay: int, ttl: int | None, ttr: int | None, ipri: Any,
+                  pri: Any, task_id: str | None, attrs: dict[str, Any] | None) -> Task:
+        """:meth:`new_task` with its arguments in order (a C call from the engine's compiled parts)."""
         created = self._next_created()
         kind = tube.kind
         life = (kind.default_ttl if ttl is None else ttl) + delay
         life = min(max(life, 0), MAX_TIME_US - created)
+        task = Task.__new__(Task)  # fields set one by one: no call with thirteen arguments
         if delay > 0:
-            status, event = DELAYED, min(now_us() + delay, created + life)
+            task.status, task.event = DELAYED, min(now_us() + delay, created + life)
         else:
-            status, event = READY, created + life
+            task.status, task.event = READY, created + life
         if queue_space.layout is TUBE_LAYOUT and attrs is None:
             attrs = {}
         if task_id is None:
             task_id = tube.next_number() if kind.numbered else self.new_id(created)
-        return Task(
-            task_id, tube.name, status, event, ipri, pri, 0, created,
-            life, kind.default_ttr if ttr is None else ttr, 0, 0, attrs,
-        )
+        task.id = task_id
+        task.tube = tube.name
+        task.ipri = ipri
+        task.pri = pri
+        task.cid = 0
+        task.created = created
+        task.ttl = life
+        task.ttr = kind.default_ttr if ttr is None else ttr
+        task.cbury = 0
+        task.ctaken = 0
+        task.attrs = attrs
+        return task
+
+    @cython.locals(tube_layout=cython.bint)
+    def new_puts(self, queue_space: QueueSpace, tube: Tube, items: list[tuple[int, int | None, int | None, Any, list[Any]]]
+                 ) -> list[tuple[Task, list[Any]]]:
+        """box.queue's puts ``(delay, ttl, ttr, pri, data)`` (its units and stored priority; ttl
+        or ttr None: the kind's), as :meth:`_batch`'s inserts: each task made as :meth:`new_task`
+        makes it, positioned by the tube's kind, with the values of its fields past the header
+        (``data`` itself in the 1.5 layout: the caller gives it up)."""
+        kind = tube.kind
+        tube_layout = queue_space.layout is TUBE_LAYOUT
+        out = []
+        for delay, ttl, ttr, pri, data in items:
+            ipri, stored_pri = kind.put_order(pri, None)
+            task = self._new_task(queue_space, tube, delay, ttl, ttr, ipri, stored_pri, None, None)
+            out.append((task, [{}, *data] if tube_layout else data))
+        return out
 
     def tail(self, queue_space: QueueSpace, data: list[Any], attachments: dict[str, Any] | None = None) -> Tail:
         """The fields past the header: the attachments map in the tube layout, then the data."""
@@ -321,5 +352,5 @@ class _Inserted:
         counter = self.counter
         if counter is not None:
             tube.count(counter)
-        self.engine._place_inserted(self.queue_space, tube, [(self.task, self.raw)])
+        self.engine._place_inserted(self.queue_space, tube, [self.task], [self.raw])
         self.later.settle(self.raw)

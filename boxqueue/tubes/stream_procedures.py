@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import cython
+
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces.catalog import Catalog
 from boxqueue.spaces.msgpack_values import Raw
@@ -35,6 +37,9 @@ from boxqueue.tubes.transitions import MAX_TIME_US
 
 US = 1_000_000
 MAX_BATCH = 100_000  # tasks a claim, rows a put_many or replace_many
+# Seconds below this are whole microseconds far from MAX_TIME_US (about 292,000 years): put_many's
+# rows of such seconds need no clamping.
+_WHOLE_SECONDS = cython.declare(cython.longlong, 1 << 32)
 
 
 def _illegal(text: str) -> BoxError:
@@ -81,6 +86,41 @@ def _mark(value: Any, fn: str) -> list[Any] | None:
             or not all(type(v) is int and 0 <= v < 2**64 for v in value[1:])):
         raise _illegal(f"{fn}: 'mark' must be {{writer, batch, partition, digest, chunk}}")
     return value
+
+
+@cython.locals(row=list, number=cython.Py_ssize_t, delay=object, ttl=object, ttr=object, pri=object)
+def _put_items(rows: list[Any], fn: str) -> list[tuple[int, int | None, int | None, int, list[Any]]]:
+    """``put_many``'s rows ``{delay, ttl, ttr, pri, data...}`` checked, as the engine's puts
+    ``(delay, ttl, ttr, pri, data)`` (microseconds, None for the default; box.queue's stored
+    priority). Rows of whole seconds and a priority from -127 to 128 (a Spark job's, mostly zeros)
+    are taken in C; any other goes through the general checks."""
+    items = []
+    for number in range(len(rows)):
+        value = rows[number]
+        if type(value) is not list or len(value) < 4:
+            items.append(_put_item(value, f"{fn}: row {number}"))
+            continue
+        row = value
+        delay, ttl, ttr, pri = row[0], row[1], row[2], row[3]
+        if (type(delay) is int and type(ttl) is int and type(ttr) is int and type(pri) is int
+                and 0 <= delay < _WHOLE_SECONDS and 0 <= ttl < _WHOLE_SECONDS and 0 <= ttr < _WHOLE_SECONDS
+                and -127 <= pri <= 128):
+            # (_stored_pri of such a pri: 255 - (pri + 127))
+            items.append((delay * US, ttl * US if ttl else None, ttr * US if ttr else None, 128 - pri, row[4:]))
+        else:
+            items.append(_put_item(row, f"{fn}: row {number}"))
+    return items
+
+
+def _put_item(row: Any, where: str) -> tuple[int, int | None, int | None, int, list[Any]]:
+    """One row of ``put_many`` checked as :func:`_put_items` checks it, by the general rules."""
+    if not isinstance(row, list) or len(row) < 4:
+        raise _illegal(f"{where}: a row is {{delay, ttl, ttr, pri, data...}}")
+    delay, ttl, ttr = (_seconds(v or 0, what, where) for v, what in zip(row[:3], ("delay", "ttl", "ttr"), strict=True))
+    pri = tonumber(row[3] or 0)
+    if pri is None:
+        raise _illegal(f"{where}: 'pri' must be a number")
+    return delay, ttl or None, ttr or None, _stored_pri(pri), row[4:]
 
 
 class StreamProcedures:
@@ -146,18 +186,7 @@ class StreamProcedures:
         space_id, name = self._queue_space(space), _text(tube, "tube", fn)
         if not isinstance(rows, list) or len(rows) > MAX_BATCH:
             raise _illegal(f"{fn}: 'rows' must be an array of at most {MAX_BATCH} rows")
-        items = []
-        for number, row in enumerate(rows):
-            where = f"{fn}: row {number}"
-            if not isinstance(row, list) or len(row) < 4:
-                raise _illegal(f"{where}: a row is {{delay, ttl, ttr, pri, data...}}")
-            delay, ttl, ttr = (_seconds(v or 0, what, where) for v, what in zip(row[:3], ("delay", "ttl", "ttr"),
-                                                                                strict=True))
-            pri = tonumber(row[3] or 0)
-            if pri is None:
-                raise _illegal(f"{where}: 'pri' must be a number")
-            items.append((delay, ttl or None, ttr or None, _stored_pri(pri), row[4:]))
-        written = await self.engine.put_marked(space_id, name, items, _mark(mark, fn), kind=self.kind)
+        written = await self.engine.put_marked(space_id, name, _put_items(rows, fn), _mark(mark, fn), kind=self.kind)
         return [written]
 
     async def replace_many(self, ctx: CallContext, space: Any = None, tuples: Any = None,

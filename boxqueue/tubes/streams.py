@@ -59,9 +59,8 @@ class Streams(Monitors):
         def renew_claim(self, space_id: int, tube_name: str, claim_id: str, *, ttl: int, grace: int
                         ) -> Later[bool]: ...
 
-        def new_task(self, queue_space: QueueSpace, tube: Tube, *, delay: int = 0, ttl: int | None = None,
-                     ttr: int | None = None, ipri: Any = ..., pri: Any, task_id: str | None = None,
-                     attrs: dict[str, Any] | None = None) -> Task: ...
+        def new_puts(self, queue_space: QueueSpace, tube: Tube,
+                     items: list[tuple[int, int | None, int | None, Any, list[Any]]]) -> list[tuple[Task, list[Any]]]: ...
 
     _marking: set[tuple[Any, ...]]  # marks being written (QueueEngine sets it)
 
@@ -154,13 +153,9 @@ class Streams(Monitors):
             return None
         tube = self._tube(queue_space, tube_name)
         records, options = self._adopt(queue_space, tube, kind)
-        inserts = []
         tube.pending += 1  # a numbered tube's ids handed out here count as taken (Tube.next_number)
         try:
-            for delay, ttl, ttr, pri, data in items:
-                ipri, stored_pri = tube.kind.put_order(pri, None)
-                task = self.new_task(queue_space, tube, delay=delay, ttl=ttl, ttr=ttr, ipri=ipri, pri=stored_pri)
-                inserts.append((task, self.tail_values(queue_space, data)))
+            inserts = self.new_puts(queue_space, tube, items)
         finally:
             tube.pending -= 1
         if mark is not None:

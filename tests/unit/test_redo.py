@@ -148,3 +148,24 @@ def test_a_payload_that_is_not_a_list_of_operations_is_refused():
         redo.decode(b"\x01")
     with pytest.raises(ValueError):
         redo.decode(b"\x93\x00\xc0\xc0")  # three items: not whole operations
+
+
+def test_put_all_writes_and_notes_each_pair_in_order_as_puts_would(env, tmp_path):
+    db = env.open_db(b"a")
+    pairs = [(b"k2", b"two"), (b"k1", b"one"), (b"k2", b"again")]  # a key written twice: the last wins
+    with env.begin(write=True) as raw:
+        txn = redo.RedoTxn(raw, {db: b"a", None: None})
+        redo.put_all(txn, [k for k, _ in pairs], [v for _, v in pairs], db)
+        assert txn.operations() == [(redo.PUT, b"a", k, v) for k, v in pairs]
+        payload = txn.encode()
+    assert contents(env)[b"a"] == [(b"k1", b"one"), (b"k2", b"again")]
+    # A bare transaction (no log) writes the same; the record replays to the same state elsewhere.
+    other = lmdb.open(str(tmp_path / "other"), max_dbs=16, lock=False, sync=False)
+    try:
+        with other.begin(write=True) as txn:
+            redo.put_all(txn, [b"k0"], [b"zero"], other.open_db(b"a", txn=txn))
+        with other.begin(write=True) as txn:
+            redo.replay(txn, redo.decode(payload), open_db(other))
+        assert contents(other)[b"a"] == [(b"k0", b"zero"), (b"k1", b"one"), (b"k2", b"again")]
+    finally:
+        other.close()
