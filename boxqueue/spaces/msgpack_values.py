@@ -20,6 +20,10 @@ from typing import Any
 import cython
 import msgpack
 
+if cython.compiled:  # pack_flat's copies: a string's UTF-8 as the string holds it, and memcpy
+    from cython.cimports.cpython.unicode import PyUnicode_AsUTF8AndSize
+    from cython.cimports.libc.string import memcpy
+
 EXT_DECIMAL = 1
 EXT_UUID = 2
 EXT_ERROR = 3
@@ -239,11 +243,10 @@ _U32_END = cython.declare(cython.longlong, 0x100000000)  # (a literal this large
 
 
 @cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t, n=cython.longlong,
-               u=cython.ulonglong, i=cython.Py_ssize_t, chars=cython.p_uchar, out=cython.p_char, encoded=bytes,
-               text=str)
+               u=cython.ulonglong, out=cython.p_char, encoded=bytes, text_chars=cython.p_const_char)
 def pack_flat(values: list[Any]) -> bytes:
     """:func:`pack` of a list of fewer than 16 items, written here (compiled) when every item is
-    an ASCII string or a byte string shorter than 256, an integer that fits 64 bits (signed or
+    a string (UTF-8) or a byte string shorter than 256, an integer that fits 64 bits (signed or
     not), nil, a boolean or an empty map, as a task's header and most task tuples are, and the
     whole fits 512 bytes: msgpack's bytes, without its packer's set-up and type dispatch, which
     cost more than such small items. Anything else, and every list when the module runs
@@ -262,12 +265,11 @@ def pack_flat(values: list[Any]) -> bytes:
         t = type(v)
         if t is str or t is bytes:
             if t is str:
-                text = v
-                try:
-                    encoded = text.encode("ascii")
-                except UnicodeEncodeError:  # (UTF-8, or bytes escaped as surrogates: msgpack's to write)
+                size = 0  # (set by the call below)
+                try:  # (the string's own UTF-8: its characters themselves when ASCII)
+                    text_chars = PyUnicode_AsUTF8AndSize(v, cython.address(size))
+                except UnicodeEncodeError:  # (bytes escaped as surrogates: msgpack's to write)
                     return pack(values)
-                size = len(encoded)
                 if size < 32:
                     buf[pos] = 0xA0 | size
                     pos += 1
@@ -285,11 +287,10 @@ def pack_flat(values: list[Any]) -> bytes:
                 buf[pos] = 0xC4
                 buf[pos + 1] = size
                 pos += 2
+                text_chars = encoded
             if pos + size > _FLAT_ROOM:
                 return pack(values)
-            chars = encoded
-            for i in range(size):
-                buf[pos + i] = chars[i]
+            memcpy(cython.address(buf[pos]), text_chars, size)
             pos += size
         elif t is int:
             if v >= _INT64_END:  # a uint64 (a claim's consumer id): tested, not caught, as an error costs more

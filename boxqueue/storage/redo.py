@@ -107,9 +107,12 @@ class RedoTxn:
         name = self._name(db)
         with self.txn.cursor(db) as cursor:
             cursor.putmulti(zip(keys, values, strict=True))
-        ops = self.ops
-        for key, value in zip(keys, values, strict=True):
-            ops += (PUT, name, key, value)
+        ops: list[Any] = self.ops
+        for i in range(len(keys)):
+            ops.append(PUT)
+            ops.append(name)
+            ops.append(keys[i])
+            ops.append(values[i])
 
     def replace(self, key: bytes, value: bytes, db: Any = None) -> bytes | None:
         name = self._name(db)

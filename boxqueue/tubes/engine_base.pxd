@@ -33,6 +33,8 @@ cdef class EngineBase:
     cdef public object _recovered
     cdef public object hooks
     cdef public object _random
+    cdef bytes _random_pool
+    cdef Py_ssize_t _random_at
     cdef public object _upserting
     cdef public object tallies
     cdef public object forgotten
@@ -50,8 +52,9 @@ cdef class EngineBase:
     cpdef _remove(self, Tube tube, Task task)
     cpdef _enter(self, Tube tube, Task task)
     cpdef _leave(self, Tube tube, Task task)
-    cpdef object _next_created(self)
-    cpdef str new_id(self, object created)
+    cpdef long long _next_created(self)
+    cpdef str new_id(self, long long created)
+    cdef object _random_bits(self)
     cpdef _delete(self, object queue_space, Tube tube, Task task, tuple counters=*)
     cpdef _place_inserted(self, object queue_space, Tube tube, list tasks, list raws)
     cpdef _tally(self, Tube tube, object old, object new, bint expired=*)

@@ -51,9 +51,13 @@ from boxqueue.tubes.tube import (
     tally_of,
 )
 
+if cython.compiled:  # the clock read in C (a task's creation time, a call a task)
+    from cython.cimports.posix.time import CLOCK_REALTIME, clock_gettime, timespec
+
 log = logging.getLogger(__name__)
 
 IDLE_WAIT = 3600.0
+RANDOM_POOL = 512  # ids whose random bits are drawn at once
 # What memory keeps of tubes forgotten with nothing in them (box.queue's counters, which 1.5 shows
 # for the life of the process, and the metrics' tallies): for the most recently used this many.
 FORGOTTEN_KEPT = 10_000
@@ -100,16 +104,28 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _place(where: dict[str, Tube | list[Tube]], task_id: str, tube: Tube) -> None:
+@cython.cfunc
+@cython.inline
+def _clock_us() -> cython.longlong:
+    """:func:`now_us`, read in C when compiled."""
+    if not cython.compiled:
+        return time.time_ns() // 1000
+    ts = cython.declare(timespec)
+    clock_gettime(CLOCK_REALTIME, cython.address(ts))
+    return ts.tv_sec * 1_000_000 + ts.tv_nsec // 1000
+
+
+@cython.cfunc
+def _place(where: dict, task_id: str, tube: Tube) -> cython.void:
     """Note in a space's map of task ids that ``tube`` holds ``task_id`` (a list when tubes of the
     space share the id)."""
-    other = where.get(task_id)
-    if other is None:
-        where[task_id] = tube
-    elif type(other) is list:
+    other = where.setdefault(task_id, tube)
+    if other is tube:
+        return
+    if type(other) is list:
         other.append(tube)
-    elif other is not tube:
-        where[task_id] = [other, tube]  # type: ignore[list-item]
+    else:
+        where[task_id] = [other, tube]
 
 
 def is_queue_space(space: Space) -> bool:
@@ -188,6 +204,8 @@ class EngineBase:
         self._recovered = False
         self.hooks: list[ChangeHook] = []
         self._random = random.Random()  # task ids: seeded from os.urandom
+        self._random_pool = b""  # ... its bytes, drawn ahead (_random_bits)
+        self._random_at = 0
         self._upserting: dict[tuple[int, str, str], trio.Event] = {}
         self.tallies: dict[int, list[int]] = {}  # per space: the sum of its tubes' tallies, never reset
         # (space id, tube) -> the counters of a forgotten tube, oldest first (bounded)
@@ -402,7 +420,7 @@ class EngineBase:
 
     @cython.locals(created=cython.longlong)
     def _next_created(self) -> int:
-        created = time.time_ns() // 1000
+        created = _clock_us()
         if created <= self._last_created:
             created = self._last_created + 1
         self._last_created = created
@@ -423,7 +441,7 @@ class EngineBase:
         # Two 64-bit halves written as hex digits into a C buffer: as one 128-bit Python int,
         # with hex() and zfill, an id took some 4,000 instructions, through a bytearray 2,600.
         high = ((us // 1000) << 16) | _UUID7_VERSION | (us % 1000)
-        low = _UUID7_VARIANT | self._random.getrandbits(62)
+        low = _UUID7_VARIANT | self._random_bits()
         if not cython.compiled:
             return f"{high:016x}{low:016x}"
         out = cython.declare(cython.char[32])
@@ -434,6 +452,24 @@ class EngineBase:
             high >>= 4
             low >>= 4
         return out[:32].decode("ascii")
+
+    @cython.locals(at=cython.Py_ssize_t, pool=bytes, chars=cython.p_uchar, bits=cython.ulonglong, i=cython.int)
+    def _random_bits(self) -> int:
+        """62 random bits for an id, from a pool of ``_random``'s bytes drawn RANDOM_POOL ids at a
+        time (a call of ``getrandbits`` an id cost some 800 instructions)."""
+        at = self._random_at
+        pool = self._random_pool
+        if at + 8 > len(pool):
+            pool = self._random_pool = self._random.randbytes(8 * RANDOM_POOL)
+            at = 0
+        self._random_at = at + 8
+        if not cython.compiled:
+            return int.from_bytes(pool[at : at + 8], "little") >> 2
+        chars = pool
+        bits = 0
+        for i in range(8):
+            bits = (bits << 8) | chars[at + i]
+        return bits >> 2
 
     def _forget_if_unused(self, tube: Tube) -> None:
         """Forget a tube memory need not keep; a record that only named its kind goes too.
@@ -579,7 +615,8 @@ class EngineBase:
         raws: list[bytes] = []
         rows: list[list[Any]] = []
         for task, past_header in inserts:  # packed once with the header, and checked as values
-            fields = task.header() + past_header
+            fields = task.header()
+            fields += past_header
             new.append(task)
             rows.append(fields)
             raws.append(pack_flat(fields))
@@ -652,12 +689,13 @@ class EngineBase:
         if undo_extra is not None:
             undo_extra()
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t, placed=cython.Py_ssize_t, earliest=cython.longlong)
+    @cython.locals(task=Task, i=cython.Py_ssize_t, earliest=cython.longlong, woke=cython.bint, count=cython.Py_ssize_t)
     def _place_inserted(self, queue_space: QueueSpace, tube: Tube, tasks: list[Task], raws: list[bytes]) -> None:
         """Tasks whose insert is durable (``raws``: their stored tuples) become visible; if their
         tube was dropped meanwhile, they are deleted again (nothing outlives its tube). A batch's
-        tasks are placed in one pass: its monitor's wake-up, the tally and a waiting consumer's
-        wake-up once for them all."""
+        tasks are placed together: into the tube's orderings in one step each
+        (:meth:`Tube.enter_many`), its monitor woken, the tally counted and a waiting consumer
+        woken once for them all."""
         if not tasks:
             return
         if tube.dropped:
@@ -668,32 +706,38 @@ class EngineBase:
         held = tube.tasks
         where = self._where_in(tube.space_id)
         name = tube.name
-        placed = 0
         earliest = MAX_TIME_US
+        count = 0
+        placed: list[Task] = []  # (those nobody has taken, as all new tasks are)
+        hooked: list[int] | None = [] if self.hooks else None  # the placed ones' places in ``raws``
         for i in range(len(tasks)):
             task = tasks[i]
             if held.setdefault(task.id, task) is not task:  # a concurrent put of the same key (upserts wait for each other)
                 continue
             task.tube = name  # one string for the tube's tasks (each request decodes its own)
             _place(where, task.id, tube)
+            count += 1
+            if hooked is not None:
+                hooked.append(i)
             if task.status == TAKEN:
                 self._enter(tube, task)
-            else:
-                tube.enter(task)
-                if task.event < earliest:
-                    earliest = task.event
-                if task.status == READY:
-                    woke = True
-            placed += 1
-            if self.hooks:
+                continue
+            placed.append(task)
+            if task.event < earliest:
+                earliest = task.event
+            if task.status == READY:
+                woke = True
+        if placed:
+            tube.enter_many(placed)
+            if earliest < tube.monitor_until:
+                tube.monitor_wakeup.set()
+            if not tube.monitor_running:
+                self._start_monitor(tube)
+        if hooked is not None:
+            for i in hooked:
+                task = tasks[i]
                 self._notify(tube, task.id, None, task.status, raws[i])
-        if not placed:
-            return
-        if earliest < tube.monitor_until:
-            tube.monitor_wakeup.set()
-        if not tube.monitor_running:
-            self._start_monitor(tube)
-        self._count_tally(tube, PUTS, placed)
+        self._count_tally(tube, PUTS, count)
         if woke:
             tube.wake_one_consumer()
 

@@ -60,6 +60,12 @@ class TubeKind:
         return (MED_PRI if last_ready_ipri is None else min(last_ready_ipri + 1, MAX_PRI)), pri
 
     @property
+    def order_of_pri(self) -> bool:
+        """Whether :meth:`put_order` depends on ``pri`` alone (a Deckard score reads the clock),
+        so that a batch of puts asks once for each priority it holds."""
+        return self.name != DECKARD
+
+    @property
     def timeout_pri(self) -> float | None:
         """The priority a taken task gets when its deadline passes; None: it keeps its own."""
         return 0.0 if self.name == DECKARD else None

@@ -9,4 +9,5 @@ cdef class Ordering:
     cdef Py_ssize_t _len
 
     cpdef add(self, object key)
+    cpdef extend(self, list keys)
     cpdef remove(self, object key)

@@ -5,7 +5,7 @@ sortedcontainers' ``SortedList`` kept them before, in Python: each ``add`` and `
 few Python frames, and a queue cycle makes six of them (put: into the take order and the
 events; take: out of both, into the events; ack: out of the events). This keeps its layout, a list
 of sorted sublists of up to ``2 * LOAD`` keys with the largest key of each, so that an insertion
-moves at most a sublist's pointers; and only the operations the engine uses: add, remove,
+moves at most a sublist's pointers; and only the operations the engine uses: add, extend, remove,
 iteration in order, ``irange``, ``len``, an index and a leading slice.
 
 Keys are Python objects compared as such (a tube's claims: ``(expires, holder)`` tuples), or, in
@@ -149,6 +149,41 @@ class Ordering:
             maxes[pos] = sub[-1]
             lists.insert(pos + 1, rest)
             maxes.insert(pos + 1, rest[-1])
+
+    @cython.locals(i=cython.Py_ssize_t, j=cython.Py_ssize_t, n=cython.Py_ssize_t, kind=cython.int, sub=list,
+                   maxes=list, lists=list)
+    def extend(self, keys: list[Any]) -> None:
+        """:meth:`add` of each of ``keys``, in order: a run of them that comes after every key
+        held, each after the one before (a batch of puts, in creation order), goes on the end
+        in one step."""
+        kind = self.kind
+        lists = self._lists
+        maxes = self._maxes
+        n = len(keys)
+        i = 0
+        while i < n:
+            if maxes and _less(kind, keys[i], maxes[len(maxes) - 1]):
+                self.add(keys[i])
+                i += 1
+                continue
+            j = i + 1
+            while j < n and _less(kind, keys[j - 1], keys[j]):
+                j += 1
+            if not lists:
+                lists.append([])
+                maxes.append(None)
+            sub = lists[len(lists) - 1]
+            sub.extend(keys[i:j])
+            while len(sub) > 2 * LOAD:  # split as add splits, until the last sublist fits
+                rest = sub[LOAD:]
+                del sub[LOAD:]
+                maxes[len(maxes) - 1] = sub[len(sub) - 1]
+                lists.append(rest)
+                maxes.append(None)
+                sub = rest
+            maxes[len(maxes) - 1] = sub[len(sub) - 1]
+            self._len += j - i
+            i = j
 
     @cython.locals(pos=cython.Py_ssize_t, at=cython.Py_ssize_t, sub=list, maxes=list)
     def remove(self, key: Any) -> None:

@@ -39,6 +39,8 @@ from boxqueue.tubes.tube import Tube
 
 log = logging.getLogger(__name__)
 
+_NO_PRI = object()  # no priority asked about yet (Producers.new_puts)
+
 
 class Producers(EngineBase):
     def new_task(
@@ -96,9 +98,15 @@ class Producers(EngineBase):
         (``data`` itself in the 1.5 layout: the caller gives it up)."""
         kind = tube.kind
         tube_layout = queue_space.layout is TUBE_LAYOUT
+        by_pri = kind.order_of_pri
         out = []
+        asked: Any = _NO_PRI  # the priority put_order was last asked about (by_pri), and its answer
+        ipri: Any = None
+        stored_pri: Any = None
         for delay, ttl, ttr, pri, data in items:
-            ipri, stored_pri = kind.put_order(pri, None)
+            if pri is not asked or not by_pri:
+                ipri, stored_pri = kind.put_order(pri, None)
+                asked = pri
             task = self._new_task(queue_space, tube, delay, ttl, ttr, ipri, stored_pri, None, None)
             out.append((task, [{}, *data] if tube_layout else data))
         return out

@@ -162,6 +162,34 @@ class Tube:
             self.by_expiry.add(task)
         _count_in(self, task, status)
 
+    @cython.locals(task=Task, i=cython.Py_ssize_t)
+    def enter_many(self, tasks: list[Task]) -> None:
+        """:meth:`enter` of each of ``tasks``, none of them taken (new ones): each ordering
+        extended once (:meth:`Ordering.extend`), the counts by status added up once."""
+        ready: list[Task] = []
+        buried: list[Task] = []
+        for i in range(len(tasks)):
+            task = tasks[i]
+            if task.status == READY:
+                ready.append(task)
+            elif task.status == BURIED:
+                buried.append(task)
+            elif task.status == TAKEN:
+                raise ValueError("Tube.enter_many is for tasks nobody has taken")
+        if ready:
+            self.ready.extend(ready)
+        if buried:
+            self.buried.extend(buried)
+        self.timeline.extend(tasks)
+        if self.by_expiry is not None:
+            self.by_expiry.extend(tasks)
+        if len(ready) == len(tasks):
+            self.counts[READY] += len(tasks)
+            return
+        for i in range(len(tasks)):
+            task = tasks[i]
+            self.counts[task.status] += 1
+
     @cython.locals(task=Task, first=Task, ready_sorted=cython.bint, buried_sorted=cython.bint,
                    timeline_sorted=cython.bint, expiry_sorted=cython.bint)
     def enter_all(self, tasks: list[Task]) -> Any:

@@ -159,3 +159,37 @@ def test_task_orderings_keep_the_order_of_their_keys(kind, initial, steps, low, 
     bounds = (low, (high[0], math.inf))
     assert list(order.irange(*bounds)) == [t for t in model if bounds[0] <= key(t) <= bounds[1]]
     assert list(order.irange(maximum=bounds[1])) == [t for t in model if key(t) <= bounds[1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(initial=st.lists(keys, unique=True, max_size=60), batches=st.lists(
+    st.tuples(st.lists(keys, unique=True, max_size=40), st.booleans()), max_size=6))
+def test_extend_gives_what_adding_each_key_gives(initial, batches):
+    """A batch (a sorted one, as puts in creation order, or not) goes in as its adds one by one
+    would put it: runs after every key held on the end in one step, the others where they go."""
+    with small_sublists():
+        order = Ordering(initial)
+        model = sorted(initial)
+        for batch, in_order in batches:
+            fresh = [k for k in (sorted(batch) if in_order else batch) if k not in model]
+            order.extend(fresh)
+            model = sorted(model + fresh)
+            check_same(order, model)
+            for key in model[::3]:  # the sublists it made work for removals too
+                order.remove(key)
+            model = [k for k in model if k not in model[::3]]
+            check_same(order, model)
+
+
+@settings(max_examples=100, deadline=None)
+@given(kind=st.sampled_from([READY_ORDER, EVENT_ORDER, EXPIRY_ORDER]), initial=st.lists(task_keys, max_size=30),
+       batch=st.lists(task_keys, max_size=60))
+def test_a_task_ordering_extended_keeps_the_order_of_its_keys(kind, initial, batch):
+    tasks = [make_task(n, f) for n, f in enumerate(initial)]
+    new = [make_task(n, f) for n, f in enumerate(batch, start=len(tasks))]
+    with small_sublists():
+        order = Ordering(tasks, kind=kind)
+        half = len(new) // 2  # a sorted run, then tasks in any order
+        order.extend(sorted(new[:half], key=lambda t: task_key(kind, t)) + new[half:])
+    model = sorted(tasks + new, key=lambda t: task_key(kind, t))
+    assert list(order) == model and len(order) == len(model)
