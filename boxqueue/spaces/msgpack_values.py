@@ -20,8 +20,13 @@ from typing import Any
 import cython
 import msgpack
 
-if cython.compiled:  # pack_flat's copies: a string's UTF-8 as the string holds it, and memcpy
-    from cython.cimports.cpython.unicode import PyUnicode_AsUTF8AndSize
+if cython.compiled:  # pack_flat: a string's UTF-8 as the string holds it, an int without an exception, memcpy
+    from cython.cimports.cpython.long import PyLong_AsLongLongAndOverflow
+    from cython.cimports.cpython.unicode import (
+        PyUnicode_1BYTE_KIND,
+        PyUnicode_AsUTF8AndSize,
+        PyUnicode_KIND,
+    )
     from cython.cimports.libc.string import memcpy
 
 EXT_DECIMAL = 1
@@ -238,19 +243,20 @@ def _pack_with_pairs(value: Any) -> bytes:
 
 
 _FLAT_ROOM = cython.declare(cython.Py_ssize_t, 512)  # the size of pack_flat's own buffer (declared there as 512)
-_INT64_END = 1 << 63  # (pack_flat writes integers from here up as uint64)
+_UINT64_END = 1 << 64  # (pack_flat writes integers from 1 << 63 up to here as uint64)
 _U32_END = cython.declare(cython.longlong, 0x100000000)  # (a literal this large compares as an object)
 
 
 @cython.locals(pos=cython.Py_ssize_t, count=cython.Py_ssize_t, size=cython.Py_ssize_t, n=cython.longlong,
-               u=cython.ulonglong, out=cython.p_char, encoded=bytes, text_chars=cython.p_const_char)
+               u=cython.ulonglong, out=cython.p_char, encoded=bytes, text_chars=cython.p_const_char,
+               overflow=cython.int)
 def pack_flat(values: list[Any]) -> bytes:
     """:func:`pack` of a list of fewer than 16 items, written here (compiled) when every item is
-    a string (UTF-8) or a byte string shorter than 256, an integer that fits 64 bits (signed or
-    not), nil, a boolean or an empty map, as a task's header and most task tuples are, and the
-    whole fits 512 bytes: msgpack's bytes, without its packer's set-up and type dispatch, which
-    cost more than such small items. Anything else, and every list when the module runs
-    uncompiled, goes to :func:`pack`."""
+    a string of one-byte characters (Latin-1, written as UTF-8) or a byte string shorter than
+    256, an integer that fits 64 bits (signed or not), nil, a boolean or an empty map, as a
+    task's header and most task tuples are, and the whole fits 512 bytes: msgpack's bytes,
+    without its packer's set-up and type dispatch, which cost more than such small items.
+    Anything else, and every list when the module runs uncompiled, goes to :func:`pack`."""
     if not cython.compiled:
         return pack(values)
     count = len(values)
@@ -265,11 +271,15 @@ def pack_flat(values: list[Any]) -> bytes:
         t = type(v)
         if t is str or t is bytes:
             if t is str:
-                size = 0  # (set by the call below)
-                try:  # (the string's own UTF-8: its characters themselves when ASCII)
-                    text_chars = PyUnicode_AsUTF8AndSize(v, cython.address(size))
-                except UnicodeEncodeError:  # (bytes escaped as surrogates: msgpack's to write)
+                # The string's own UTF-8 (its characters themselves when ASCII); strings of wider
+                # characters, among them those holding surrogates that stand for bytes that were
+                # not UTF-8, are msgpack's to write. (No try: entering one walks the chain of
+                # exceptions handled by every coroutine the call runs under, a few hundred cycles
+                # at the depth of a request's.)
+                if PyUnicode_KIND(v) != PyUnicode_1BYTE_KIND:
                     return pack(values)
+                size = 0  # (set by the call below)
+                text_chars = PyUnicode_AsUTF8AndSize(v, cython.address(size))
                 if size < 32:
                     buf[pos] = 0xA0 | size
                     pos += 1
@@ -293,18 +303,15 @@ def pack_flat(values: list[Any]) -> bytes:
             memcpy(cython.address(buf[pos]), text_chars, size)
             pos += size
         elif t is int:
-            if v >= _INT64_END:  # a uint64 (a claim's consumer id): tested, not caught, as an error costs more
-                try:
-                    u = v
-                except OverflowError:  # beyond 64 bits: msgpack's error
+            overflow = 0
+            n = PyLong_AsLongLongAndOverflow(v, cython.address(overflow))  # (no exception to catch)
+            if overflow:
+                if overflow < 0 or v >= _UINT64_END:  # beyond 64 bits: msgpack's error
                     return pack(values)
+                u = v  # a uint64 (a claim's consumer id)
                 buf[pos] = 0xCF
                 size = 8
             else:
-                try:
-                    n = v
-                except OverflowError:  # below int64: msgpack's error
-                    return pack(values)
                 u = cython.cast(cython.ulonglong, n)  # (a negative's two's complement bits)
                 size = 0  # a fixint: the one byte below
                 if n >= 0:
