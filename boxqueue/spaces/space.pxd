@@ -47,6 +47,11 @@ cdef class _ReplaceMany:
     cdef list raws
 
 
+cdef class _DeleteMany:
+    cdef Space space
+    cdef list pks
+
+
 cdef class Space:
     cdef public object storage
     cdef public object committer

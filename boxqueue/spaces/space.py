@@ -33,7 +33,7 @@ from boxqueue.storage import keys
 from boxqueue.storage import keys as key_encoding
 from boxqueue.storage.commit import GroupCommitter
 from boxqueue.storage.environment import Storage, StorageError
-from boxqueue.storage.redo import put_all
+from boxqueue.storage.redo import pop_all, put_all
 
 __all__ = ["INSERT", "REPLACE", "Index", "IndexLookup", "Space", "StorageError", "decode_tuple"]
 
@@ -284,6 +284,26 @@ class _ReplaceMany:
         if space.views is not None:
             space.views.changed_many(txn, self.pks)
         return self.raws
+
+
+@cython.cclass
+class _DeleteMany:
+    """Deletes by primary key from a space with no secondary index in LMDB, in order, as one
+    write (a Spark stream's ack of a claim's tasks): each entry found and deleted in one search,
+    the lot noted for the views in one step. Its result is the list of the tuples deleted (None
+    where there was none)."""
+
+    def __init__(self, space: Space, pks: list[bytes]) -> None:
+        self.space = space
+        self.pks = pks
+
+    def __call__(self, txn: lmdb.Transaction) -> list[bytes | None]:
+        space = self.space
+        space._check_alive()
+        raws = pop_all(txn, self.pks, space.primary.db)
+        if space.views is not None:
+            space.views.changed_many(txn, self.pks)
+        return raws
 
 
 @cython.cclass
@@ -623,6 +643,23 @@ class Space:
             return [fn(txn) for fn in writes]
 
         return write
+
+    def prepare_deletes(self, pks: list[list[Any]]) -> Callable[[lmdb.Transaction], list[bytes | None]]:
+        """:meth:`prepare_delete` by primary key of each of ``pks``, as one write that deletes
+        them in order; its result is the list of the tuples deleted (None where there was none)."""
+        primary = self._primary()
+        if not self.secondaries:
+            stored = []
+            for key in pks:
+                primary.check_key(key, exact=True)
+                stored.append(keys.stored_form(keys.encode(key)))
+            return _DeleteMany(self, stored)
+        deletes = [self.prepare_delete(0, key) for key in pks]
+
+        def delete(txn: lmdb.Transaction) -> list[bytes | None]:
+            return [fn(txn) for fn in deletes]
+
+        return delete
 
     def prepare_delete(self, iid: int, key: list[Any]) -> WriteFn:
         index = self.index(iid)

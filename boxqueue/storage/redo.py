@@ -140,6 +140,23 @@ class RedoTxn:
             self.ops += (DELETE, name, key, None)
         return old
 
+    def pop_many(self, keys: list[bytes], db: Any = None) -> list[bytes | None]:
+        """:meth:`pop` of each of ``keys``, in order (the database's name looked up once)."""
+        name = self._name(db)
+        txn = self.txn
+        ops: list[Any] = self.ops
+        found: list[bytes | None] = []
+        for i in range(len(keys)):
+            key = keys[i]
+            old = txn.pop(key, db)
+            if old is not None:
+                ops.append(DELETE)
+                ops.append(name)
+                ops.append(key)
+                ops.append(None)
+            found.append(old)
+        return found
+
     def drop(self, db: Any, delete: bool = True) -> None:
         name = self._name(db)
         self.txn.drop(db, delete)
@@ -212,6 +229,14 @@ def put_all(txn: Any, keys: list[bytes], values: list[bytes], db: Any) -> None:
         return
     with txn.cursor(db) as cursor:
         cursor.putmulti(zip(keys, values, strict=True))
+
+
+def pop_all(txn: Any, keys: list[bytes], db: Any) -> list[bytes | None]:
+    """``txn.pop(key, db)`` of each of ``keys``, in order: what each held (None where nothing),
+    in a :class:`RedoTxn` (noted) or a bare transaction."""
+    if type(txn) is RedoTxn:
+        return txn.pop_many(keys, db)
+    return [txn.pop(key, db) for key in keys]
 
 
 def decode(payload: bytes | memoryview) -> list[Op]:

@@ -51,6 +51,9 @@ cdef class EngineBase:
     cpdef dict _where_in(self, object space_id)
     cpdef _remove(self, Tube tube, Task task)
     cpdef _enter(self, Tube tube, Task task)
+    cpdef _enter_many(self, Tube tube, list tasks)
+    cpdef _leave_many(self, Tube tube, list tasks)
+    cpdef _remove_many(self, Tube tube, list tasks)
     cpdef _leave(self, Tube tube, Task task)
     cpdef long long _next_created(self)
     cpdef str new_id(self, long long created)
@@ -59,6 +62,7 @@ cdef class EngineBase:
     cpdef _place_inserted(self, object queue_space, Tube tube, list tasks, list raws)
     cpdef _tally(self, Tube tube, object old, object new, bint expired=*)
     cpdef _count_tally(self, Tube tube, Py_ssize_t which, Py_ssize_t count)
+    cpdef _tally_deleted(self, Tube tube, list deleted, bint expired)
     cpdef _notify(self, Tube tube, object task_id, object old, object new, object raw)
 
 

@@ -128,6 +128,29 @@ def _place(where: dict, task_id: str, tube: Tube) -> cython.void:
         where[task_id] = [other, tube]
 
 
+@cython.cfunc
+def _unplace(where: dict, task_id: str, tube: Tube) -> cython.void:
+    """Undo :func:`_place`."""
+    other = where.get(task_id)
+    if other is tube:
+        del where[task_id]
+    elif type(other) is list:
+        other.remove(tube)
+        if len(other) == 1:
+            where[task_id] = other[0]
+
+
+@cython.cfunc
+@cython.locals(task=Task)
+def _unhold(held_by_session: dict, task: Task) -> cython.void:
+    """``task``, taken by a session, is no longer among the tasks that session holds."""
+    held = held_by_session.get(task.cid)
+    if held is not None:
+        held.pop(task, None)
+        if not held:
+            del held_by_session[task.cid]
+
+
 def is_queue_space(space: Space) -> bool:
     """A space with the 1.5 layout's indexes (D12)."""
     parts = tuple(space.indexes[i].fieldnos for i in sorted(space.indexes))
@@ -162,6 +185,19 @@ class QueueSpace:
     @property
     def id(self) -> int:
         return self.space.id
+
+
+class _Each:
+    """A write of several changes whose result is the list of theirs, one each (a batch's
+    deletes, :meth:`spaces.space.Space.prepare_deletes`): :meth:`EngineBase._batch` lists each."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[lmdb.Transaction], list[Any]]) -> None:
+        self.fn = fn
+
+    def __call__(self, txn: lmdb.Transaction) -> list[Any]:
+        return self.fn(txn)
 
 
 class BatchError(RuntimeError):
@@ -357,14 +393,7 @@ class EngineBase:
         del tube.tasks[task.id]
         if not tube.tasks:
             tube.monitor_wakeup.set()  # its monitor ends, and the tube may be forgotten
-        where = self._where[tube.space_id]
-        other = where.get(task.id)
-        if other is tube:
-            del where[task.id]
-        elif type(other) is list:
-            other.remove(tube)
-            if len(other) == 1:
-                where[task.id] = other[0]
+        _unplace(self._where[tube.space_id], task.id, tube)
 
     @cython.locals(tube=Tube, task=Task)
     def _note_loaded(self, queue_space: QueueSpace, tasks: list[Task]) -> None:
@@ -408,15 +437,52 @@ class EngineBase:
         if not tube.monitor_running:
             self._start_monitor(tube)
 
+    @cython.locals(tube=Tube, task=Task, i=cython.Py_ssize_t, earliest=cython.longlong)
+    def _enter_many(self, tube: Tube, tasks: list[Task]) -> None:
+        """:meth:`_enter` of each of ``tasks``, into the tube's orderings at once
+        (:meth:`Tube.enter_many`)."""
+        if not tasks:
+            return
+        tube.enter_many(tasks)
+        earliest = MAX_TIME_US
+        for i in range(len(tasks)):
+            task = tasks[i]
+            if task.status == TAKEN and is_session(task.cid):
+                self._held.setdefault(task.cid, {})[task] = tube
+            if task.event < earliest:
+                earliest = task.event
+        if earliest < tube.monitor_until:
+            tube.monitor_wakeup.set()
+        if not tube.monitor_running:
+            self._start_monitor(tube)
+
+    @cython.locals(tube=Tube, task=Task, i=cython.Py_ssize_t)
+    def _leave_many(self, tube: Tube, tasks: list[Task]) -> None:
+        """:meth:`_leave` of each of ``tasks``, out of the tube's orderings at once
+        (:meth:`Tube.leave_many`)."""
+        tube.leave_many(tasks)
+        for i in range(len(tasks)):
+            task = tasks[i]
+            if task.status == TAKEN and is_session(task.cid):
+                _unhold(self._held, task)
+
+    @cython.locals(tube=Tube, task=Task, i=cython.Py_ssize_t)
+    def _remove_many(self, tube: Tube, tasks: list[Task]) -> None:
+        """:meth:`_remove` of each of ``tasks``."""
+        self._leave_many(tube, tasks)
+        where = self._where[tube.space_id]
+        for i in range(len(tasks)):
+            task = tasks[i]
+            del tube.tasks[task.id]
+            _unplace(where, task.id, tube)
+        if not tube.tasks:
+            tube.monitor_wakeup.set()  # its monitor ends, and the tube may be forgotten
+
     @cython.locals(tube=Tube, task=Task)
     def _leave(self, tube: Tube, task: Task) -> None:
         tube.leave(task)
         if task.status == TAKEN and is_session(task.cid):
-            held = self._held.get(task.cid)
-            if held is not None:
-                held.pop(task, None)
-                if not held:
-                    del self._held[task.cid]
+            _unhold(self._held, task)
 
     @cython.locals(created=cython.longlong)
     def _next_created(self) -> int:
@@ -597,20 +663,34 @@ class EngineBase:
         counted = list(counters)
         for counter in counted:
             tube.count(counter)
-        for task, mutate, tail in changes:
-            before = task.snapshot()
-            self._leave(tube, task)
-            mutate(task)
-            self._enter(tube, task)
+        changed = list(changes)
+        moved: list[Task] = [change[0] for change in changed]
+        befores = [task.snapshot() for task in moved]
+        # Out of the tube's orderings and back in, all at once (a claim's tasks move as one run),
+        # unless a task comes twice (a Deckard Add naming an id twice), which moves one at a time.
+        together = len(moved) < 2 or len({id(task) for task in moved}) == len(moved)
+        if together:
+            self._leave_many(tube, moved)
+        for i in range(len(changed)):
+            task = moved[i]
+            if not together:
+                self._leave(tube, task)
+            changed[i][1](task)
+            if not together:
+                self._enter(tube, task)
+        if together:
+            self._enter_many(tube, moved)
+        for i in range(len(changed)):
+            task = moved[i]
             header = task.header()
-            done_changes.append((task, before, header))
+            done_changes.append((task, befores[i], header))
             if rewrite:
-                writes.append(_rewrite(queue_space, task, header, tail))
+                writes.append(_rewrite(queue_space, task, header, changed[i][2]))
         written = len(done_changes) if rewrite else 0  # the results of the changes' writes
         deleted = [t for t in deletes if tube.tasks.get(t.id) is t]
-        for task in deleted:
-            self._remove(tube, task)
-            writes.append(space.prepare_delete(0, layout.key(task)))
+        if deleted:
+            self._remove_many(tube, deleted)
+            writes.append(_Each(space.prepare_deletes([layout.key(task) for task in deleted])))
         new: list[Task] = []
         raws: list[bytes] = []
         rows: list[list[Any]] = []
@@ -630,7 +710,10 @@ class EngineBase:
             results = []
             try:
                 for fn in writes:
-                    results.append(fn(txn))
+                    if type(fn) is _Each:
+                        results.extend(fn(txn))
+                    else:
+                        results.append(fn(txn))
                 if put is not None:
                     results.extend(put(txn))
                 for fn in extra:
@@ -657,9 +740,9 @@ class EngineBase:
                 if self.hooks:
                     raw = results[i] if rewrite else self.stored(queue_space, task)
                     self._notify(tube, task.id, before[2], task.status, raw)
-            for task in deleted:
-                self._tally(tube, task.status, None, expiring)
-                if self.hooks:
+            self._tally_deleted(tube, deleted, expiring)
+            if self.hooks:
+                for task in deleted:
                     self._notify(tube, task.id, task.status, None, None)
             self._place_inserted(queue_space, tube, new, results[written + len(deleted):])
             later.settle(results)
@@ -689,13 +772,12 @@ class EngineBase:
         if undo_extra is not None:
             undo_extra()
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t, earliest=cython.longlong, woke=cython.bint, count=cython.Py_ssize_t)
+    @cython.locals(task=Task, i=cython.Py_ssize_t, woke=cython.bint)
     def _place_inserted(self, queue_space: QueueSpace, tube: Tube, tasks: list[Task], raws: list[bytes]) -> None:
         """Tasks whose insert is durable (``raws``: their stored tuples) become visible; if their
         tube was dropped meanwhile, they are deleted again (nothing outlives its tube). A batch's
-        tasks are placed together: into the tube's orderings in one step each
-        (:meth:`Tube.enter_many`), its monitor woken, the tally counted and a waiting consumer
-        woken once for them all."""
+        tasks are placed together: into the tube's orderings at once (:meth:`_enter_many`), the
+        tally counted and a waiting consumer woken once for them all."""
         if not tasks:
             return
         if tube.dropped:
@@ -706,9 +788,7 @@ class EngineBase:
         held = tube.tasks
         where = self._where_in(tube.space_id)
         name = tube.name
-        earliest = MAX_TIME_US
-        count = 0
-        placed: list[Task] = []  # (those nobody has taken, as all new tasks are)
+        placed: list[Task] = []
         hooked: list[int] | None = [] if self.hooks else None  # the placed ones' places in ``raws``
         for i in range(len(tasks)):
             task = tasks[i]
@@ -716,30 +796,35 @@ class EngineBase:
                 continue
             task.tube = name  # one string for the tube's tasks (each request decodes its own)
             _place(where, task.id, tube)
-            count += 1
+            placed.append(task)
             if hooked is not None:
                 hooked.append(i)
-            if task.status == TAKEN:
-                self._enter(tube, task)
-                continue
-            placed.append(task)
-            if task.event < earliest:
-                earliest = task.event
             if task.status == READY:
                 woke = True
-        if placed:
-            tube.enter_many(placed)
-            if earliest < tube.monitor_until:
-                tube.monitor_wakeup.set()
-            if not tube.monitor_running:
-                self._start_monitor(tube)
+        self._enter_many(tube, placed)
         if hooked is not None:
             for i in hooked:
                 task = tasks[i]
                 self._notify(tube, task.id, None, task.status, raws[i])
-        self._count_tally(tube, PUTS, count)
+        self._count_tally(tube, PUTS, len(placed))
         if woke:
             tube.wake_one_consumer()
+
+    @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
+    def _tally_deleted(self, tube: Tube, deleted: list[Task], expired: bool) -> None:
+        """:meth:`_tally` of each of ``deleted``, a run of one status at a time (a batch's
+        deletes mostly share theirs)."""
+        status: Any = None
+        run = 0
+        for i in range(len(deleted)):
+            task = deleted[i]
+            if task.status is not status:
+                if run:
+                    self._count_tally(tube, tally_of(status, None, expired), run)
+                status, run = task.status, 0
+            run += 1
+        if run:
+            self._count_tally(tube, tally_of(status, None, expired), run)
 
     def _tally(self, tube: Tube, old: str | None, new: str | None, expired: bool = False) -> None:
         """Count a durable change of status (:func:`tubes.tube.tally_of`) for the tube and its space."""

@@ -11,3 +11,4 @@ cdef class Ordering:
     cpdef add(self, object key)
     cpdef extend(self, list keys)
     cpdef remove(self, object key)
+    cpdef remove_many(self, list keys)

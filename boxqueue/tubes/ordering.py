@@ -5,8 +5,9 @@ sortedcontainers' ``SortedList`` kept them before, in Python: each ``add`` and `
 few Python frames, and a queue cycle makes six of them (put: into the take order and the
 events; take: out of both, into the events; ack: out of the events). This keeps its layout, a list
 of sorted sublists of up to ``2 * LOAD`` keys with the largest key of each, so that an insertion
-moves at most a sublist's pointers; and only the operations the engine uses: add, extend, remove,
-iteration in order, ``irange``, ``len``, an index and a leading slice.
+moves at most a sublist's pointers; and only the operations the engine uses: add and remove, of a
+key or of a batch of them (``extend``, ``remove_many``: a run that lies together is moved at
+once), iteration in order, ``irange``, ``len``, an index and a leading slice.
 
 Keys are Python objects compared as such (a tube's claims: ``(expires, holder)`` tuples), or, in
 an ordering of a ``kind``, the tasks themselves, compared by the fields that kind names (a task
@@ -151,38 +152,84 @@ class Ordering:
             maxes.insert(pos + 1, rest[-1])
 
     @cython.locals(i=cython.Py_ssize_t, j=cython.Py_ssize_t, n=cython.Py_ssize_t, kind=cython.int, sub=list,
-                   maxes=list, lists=list)
+                   maxes=list, lists=list, pos=cython.Py_ssize_t, at=cython.Py_ssize_t, end=cython.Py_ssize_t)
     def extend(self, keys: list[Any]) -> None:
-        """:meth:`add` of each of ``keys``, in order: a run of them that comes after every key
-        held, each after the one before (a batch of puts, in creation order), goes on the end
-        in one step."""
+        """:meth:`add` of each of ``keys``, in order. A run of them, each after the one before
+        and all of them before the next key held (a batch of puts, in creation order, on the
+        end; a claim's tasks, all due when the claim ends, in the timeline), goes in at once:
+        one search and one insertion of the run, rather than one of each a key."""
         kind = self.kind
         lists = self._lists
         maxes = self._maxes
         n = len(keys)
         i = 0
         while i < n:
-            if maxes and _less(kind, keys[i], maxes[len(maxes) - 1]):
-                self.add(keys[i])
-                i += 1
-                continue
-            j = i + 1
-            while j < n and _less(kind, keys[j - 1], keys[j]):
-                j += 1
-            if not lists:
+            bound: Any = None  # the key held that the run must stay below (None: the end)
+            if not maxes:
                 lists.append([])
                 maxes.append(None)
-            sub = lists[len(lists) - 1]
-            sub.extend(keys[i:j])
-            while len(sub) > 2 * LOAD:  # split as add splits, until the last sublist fits
-                rest = sub[LOAD:]
-                del sub[LOAD:]
-                maxes[len(maxes) - 1] = sub[len(sub) - 1]
-                lists.append(rest)
-                maxes.append(None)
-                sub = rest
-            maxes[len(maxes) - 1] = sub[len(sub) - 1]
+                pos = at = 0
+            elif not _less(kind, keys[i], maxes[len(maxes) - 1]):  # after every key
+                pos = len(maxes) - 1
+                at = len(lists[pos])
+            else:
+                pos = _bisect_right(kind, maxes, keys[i])
+                sub = lists[pos]
+                at = _bisect_right(kind, sub, keys[i])
+                bound = sub[at]  # (maxes[pos] is above the key, so a key of sub follows it)
+            j = i + 1
+            while j < n and _less(kind, keys[j - 1], keys[j]) and (bound is None or _less(kind, keys[j], bound)):
+                j += 1
+            sub = lists[pos]
+            end = len(sub)
+            sub[at:at] = keys[i:j]
+            if at == end:
+                maxes[pos] = sub[len(sub) - 1]
             self._len += j - i
+            if len(sub) > 2 * LOAD:  # split as add splits: sublists of LOAD keys after this one
+                pieces = [sub[k : k + LOAD] for k in range(LOAD, len(sub), LOAD)]
+                del sub[LOAD:]
+                maxes[pos] = sub[LOAD - 1]
+                lists[pos + 1 : pos + 1] = pieces
+                maxes[pos + 1 : pos + 1] = [piece[len(piece) - 1] for piece in pieces]
+            i = j
+
+    @cython.locals(i=cython.Py_ssize_t, j=cython.Py_ssize_t, n=cython.Py_ssize_t, kind=cython.int, sub=list,
+                   maxes=list, lists=list, pos=cython.Py_ssize_t, at=cython.Py_ssize_t)
+    def remove_many(self, keys: list[Any]) -> None:
+        """:meth:`remove` of each of ``keys``, in order; ValueError at the first that is not
+        there (those before it are gone). A run of them that lie together in the ordering, in
+        its order (a claim's tasks, the head of the take order), goes at once: one search and
+        one deletion of the run."""
+        kind = self.kind
+        lists = self._lists
+        maxes = self._maxes
+        n = len(keys)
+        i = 0
+        while i < n:
+            key = keys[i]
+            if maxes and kind != KEYS and lists[0][0] is key:  # the head (takes and claims)
+                pos = at = 0
+                sub = lists[0]
+            else:
+                pos = _bisect_left(kind, maxes, key)
+                if pos == len(maxes):
+                    raise ValueError(f"{key!r} is not in the ordering")
+                sub = lists[pos]
+                at = _bisect_left(kind, sub, key)
+                if at == len(sub) or (sub[at] is not key if kind != KEYS else sub[at] != key):
+                    raise ValueError(f"{key!r} is not in the ordering")
+            j = i + 1
+            while j < n and at + j - i < len(sub) and (sub[at + j - i] is keys[j] if kind != KEYS
+                                                          else sub[at + j - i] == keys[j]):
+                j += 1
+            del sub[at : at + j - i]
+            self._len -= j - i
+            if not sub:
+                del lists[pos]
+                del maxes[pos]
+            elif at == len(sub):
+                maxes[pos] = sub[at - 1]
             i = j
 
     @cython.locals(pos=cython.Py_ssize_t, at=cython.Py_ssize_t, sub=list, maxes=list)

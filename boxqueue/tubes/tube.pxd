@@ -35,5 +35,6 @@ cdef class Tube:
     # What the engine calls on every change of a task: C calls from its compiled modules.
     cpdef enter(self, Task task)
     cpdef enter_many(self, list tasks)
+    cpdef leave_many(self, list tasks)
     cpdef leave(self, Task task)
     cpdef count(self, str counter, by=*)

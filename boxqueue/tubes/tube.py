@@ -164,18 +164,19 @@ class Tube:
 
     @cython.locals(task=Task, i=cython.Py_ssize_t)
     def enter_many(self, tasks: list[Task]) -> None:
-        """:meth:`enter` of each of ``tasks``, none of them taken (new ones): each ordering
-        extended once (:meth:`Ordering.extend`), the counts by status added up once."""
+        """:meth:`enter` of each of ``tasks`` (in their order in the orderings, mostly: the
+        tasks a batch puts, in creation order; those a claim holds, due together): each ordering
+        extended once (:meth:`Ordering.extend`)."""
         ready: list[Task] = []
         buried: list[Task] = []
         for i in range(len(tasks)):
             task = tasks[i]
-            if task.status == READY:
+            status = task.status
+            if status == READY:
                 ready.append(task)
-            elif task.status == BURIED:
+            elif status == BURIED:
                 buried.append(task)
-            elif task.status == TAKEN:
-                raise ValueError("Tube.enter_many is for tasks nobody has taken")
+            _count_in(self, task, status)
         if ready:
             self.ready.extend(ready)
         if buried:
@@ -183,12 +184,28 @@ class Tube:
         self.timeline.extend(tasks)
         if self.by_expiry is not None:
             self.by_expiry.extend(tasks)
-        if len(ready) == len(tasks):
-            self.counts[READY] += len(tasks)
-            return
+
+    @cython.locals(task=Task, i=cython.Py_ssize_t)
+    def leave_many(self, tasks: list[Task]) -> None:
+        """:meth:`leave` of each of ``tasks``: each ordering shortened once
+        (:meth:`Ordering.remove_many`)."""
+        ready: list[Task] = []
+        buried: list[Task] = []
         for i in range(len(tasks)):
             task = tasks[i]
-            self.counts[task.status] += 1
+            status = task.status
+            if status == READY:
+                ready.append(task)
+            elif status == BURIED:
+                buried.append(task)
+            _count_out(self, task, status)
+        if ready:
+            self.ready.remove_many(ready)
+        if buried:
+            self.buried.remove_many(buried)
+        self.timeline.remove_many(tasks)
+        if self.by_expiry is not None:
+            self.by_expiry.remove_many(tasks)
 
     @cython.locals(task=Task, first=Task, ready_sorted=cython.bint, buried_sorted=cython.bint,
                    timeline_sorted=cython.bint, expiry_sorted=cython.bint)
@@ -253,21 +270,10 @@ class Tube:
             self.ready.remove(task)
         elif status == BURIED:
             self.buried.remove(task)
-        elif status == TAKEN and is_claim_holder(task.cid):
-            claim = self.claims.get(task.cid)
-            if claim is not None:
-                claim.tasks.discard(task.id)
         self.timeline.remove(task)
         if self.by_expiry is not None:
             self.by_expiry.remove(task)
-        self.counts[status] -= 1
-        if self.busy is not None and status == TAKEN:
-            sub = _subqueue(task)
-            left = self.busy[sub] - 1
-            if left:
-                self.busy[sub] = left
-            else:
-                del self.busy[sub]
+        _count_out(self, task, status)
 
     def next_number(self) -> str:
         """The id of a new task of a tube whose tasks are numbered (tarantool/queue's): one more
@@ -357,6 +363,24 @@ class Tube:
         """Wake the monitor if ``when`` comes before the time it sleeps until."""
         if when < self.monitor_until:
             self.monitor_wakeup.set()
+
+
+@cython.cfunc
+@cython.locals(tube=Tube, task=Task)
+def _count_out(tube: Tube, task: Task, status: str) -> None:
+    """What :meth:`Tube.leave` and :meth:`Tube.leave_many` take back of a task besides its keys."""
+    if status == TAKEN and is_claim_holder(task.cid):
+        claim = tube.claims.get(task.cid)
+        if claim is not None:
+            claim.tasks.discard(task.id)
+    tube.counts[status] -= 1
+    if tube.busy is not None and status == TAKEN:
+        sub = _subqueue(task)
+        left = tube.busy[sub] - 1
+        if left:
+            tube.busy[sub] = left
+        else:
+            del tube.busy[sub]
 
 
 @cython.cfunc

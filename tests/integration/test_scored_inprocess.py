@@ -117,6 +117,20 @@ async def test_memory_matches_storage_after_random_operations_and_a_rebuild(runn
         nursery.cancel_scope.cancel()
 
 
+async def test_an_add_naming_a_held_message_twice_refreshes_it_once(running):
+    """A batch's changes move their tasks through the orderings together, unless a task comes
+    twice (one Add naming an existing id twice): then one at a time, and the task is there once."""
+    engine: QueueEngine = running.engine
+    sid = running.deckard_space.id
+    await engine.upsert(sid, [add_item("twice", "m", 2.0), add_item("twice", "n", 1.0)])
+    assert await engine.upsert(sid, [add_item("twice", "m", ttl_ms=5_000), add_item("twice", "m", ttl_ms=9_000),
+                                     add_item("twice", "n", ttl_ms=7_000)]) == (0, 3)
+    tube = engine.existing_tube(sid, "twice")
+    assert [t.id for t in tube.ready] == ["n", "m"] and len(tube.timeline) == 2
+    assert memory_image(engine, sid) == stored_image(engine, sid)
+    assert (tube.tasks["m"].created + tube.tasks["m"].ttl) // 1000 > now_ms() + 8_000  # the last one named
+
+
 async def test_a_flush_racing_an_add_leaves_memory_and_storage_agreeing(running, nursery):
     engine: QueueEngine = running.engine
     sid = running.deckard_space.id

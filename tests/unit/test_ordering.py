@@ -193,3 +193,43 @@ def test_a_task_ordering_extended_keeps_the_order_of_its_keys(kind, initial, bat
         order.extend(sorted(new[:half], key=lambda t: task_key(kind, t)) + new[half:])
     model = sorted(tasks + new, key=lambda t: task_key(kind, t))
     assert list(order) == model and len(order) == len(model)
+
+
+@settings(max_examples=200, deadline=None)
+@given(initial=st.lists(keys, unique=True, min_size=1, max_size=80), picks=st.lists(st.integers(0, 79), max_size=40),
+       runs=st.booleans(), missing=keys)
+def test_remove_many_gives_what_removing_each_key_gives(initial, picks, runs, missing):
+    """Keys removed in a batch (a run that lies together, as a claim's tasks do, or any of them
+    in any order) leave what removing each would leave; a key that is not there is refused."""
+    with small_sublists():
+        order = Ordering(initial)
+        model = sorted(initial)
+        if runs and picks:
+            start = picks[0] % len(model)
+            doomed = model[start : start + len(picks)]
+        else:
+            doomed = list(dict.fromkeys(model[p % len(model)] for p in picks))
+        order.remove_many(doomed)
+        model = [k for k in model if k not in doomed]
+        check_same(order, model)
+        if missing not in model:
+            with pytest.raises(ValueError):
+                order.remove_many([*model[:1], missing])
+
+
+@settings(max_examples=100, deadline=None)
+@given(kind=st.sampled_from([READY_ORDER, EVENT_ORDER, EXPIRY_ORDER]), initial=st.lists(task_keys, min_size=1,
+       max_size=60), start=st.integers(0, 59), count=st.integers(0, 60), event=st.integers(0, 30))
+def test_a_claims_tasks_move_through_a_task_ordering_as_one_run(kind, initial, start, count, event):
+    """A claim takes a run of tasks out of an ordering and puts them back with one event: the
+    orderings hold what the tasks' keys say, as with a key at a time."""
+    tasks = [make_task(n, f) for n, f in enumerate(initial)]
+    with small_sublists():
+        order = Ordering(tasks, kind=kind)
+        model = sorted(tasks, key=lambda t: task_key(kind, t))
+        run = model[start % len(model):][:count]
+        order.remove_many(run)
+        for task in run:
+            task.event = event
+        order.extend(sorted(run, key=lambda t: task_key(kind, t)))
+    assert list(order) == sorted(tasks, key=lambda t: task_key(kind, t)) and len(order) == len(tasks)
