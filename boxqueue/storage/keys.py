@@ -28,6 +28,15 @@ from typing import Any
 
 import cython
 
+if cython.compiled:  # a string's part made in one allocation from the string's own UTF-8
+    from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize
+    from cython.cimports.cpython.unicode import (
+        PyUnicode_1BYTE_KIND,
+        PyUnicode_AsUTF8AndSize,
+        PyUnicode_KIND,
+    )
+    from cython.cimports.libc.string import memchr, memcpy
+
 TAG_NIL = 0x05
 TAG_FALSE = 0x10
 TAG_TRUE = 0x11
@@ -111,11 +120,24 @@ _STR_SHORT = cython.declare(cython.Py_ssize_t, 24)  # characters
 
 
 @cython.cfunc
+@cython.locals(size=cython.Py_ssize_t, chars=cython.p_const_char, out=cython.p_char)
 def _encode_str(value: str) -> bytes:
     part = _STR_PARTS.get(value)
     if part is not None:
         return part
-    part = b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
+    part = None
+    if cython.compiled and PyUnicode_KIND(value) == PyUnicode_1BYTE_KIND:  # (no surrogates in these)
+        size = 0
+        chars = PyUnicode_AsUTF8AndSize(value, cython.address(size))
+        if memchr(chars, 0, size) == cython.NULL:  # (most strings: nothing to escape)
+            part = PyBytes_FromStringAndSize(cython.NULL, size + 3)
+            out = PyBytes_AS_STRING(part)
+            out[0] = 0x30
+            memcpy(out + 1, chars, size)
+            out[size + 1] = 0
+            out[size + 2] = 1
+    if part is None:
+        part = b"\x30" + _escaped(value.encode("utf-8", "surrogateescape"))
     if len(value) <= _STR_SHORT:
         if len(_STR_PARTS) >= _STR_PARTS_MAX:
             _STR_PARTS.clear()

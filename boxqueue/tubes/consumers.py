@@ -39,6 +39,7 @@ from boxqueue.tubes.task import (
     TAKEN,
     Task,
     created_of,
+    in_creation_order,
 )
 from boxqueue.tubes.tube import Claim, Tube, claim_holder
 
@@ -301,8 +302,10 @@ class Consumers(Producers):
         if tube is None:
             return []
         now = now_us()
-        tasks = [t for i in claim.tasks if (t := tube.tasks.get(i)) is not None and t.expires > now]
-        return sorted(tasks, key=created_of)
+        # A listed claim names its tasks in take order, most often creation order already.
+        held = claim.tasks if claim.listed is None else [i for i in claim.listed if i in claim.tasks]
+        tasks = [t for i in held if (t := tube.tasks.get(i)) is not None and t.expires > now]
+        return tasks if in_creation_order(tasks) else sorted(tasks, key=created_of)
 
     def renew_claim(self, space_id: int, tube_name: str, claim_id: str, *, ttl: int, grace: int) -> Later[bool]:
         """The claim lasts ``ttl`` from now; its tasks get the same extension as at claiming."""
