@@ -14,6 +14,10 @@ from typing import Any
 
 import cython
 
+if cython.compiled:  # head_replaced's new array, written in one allocation
+    from cython.cimports.cpython.bytes import PyBytes_AS_STRING, PyBytes_FromStringAndSize
+    from cython.cimports.libc.string import memcpy
+
 
 @cython.cfunc
 @cython.inline
@@ -126,7 +130,7 @@ _FIX_ARRAYS = tuple(bytes([0x90 | n]) for n in range(16))
 
 @cython.locals(count=cython.Py_ssize_t, p=cython.Py_ssize_t, end=cython.Py_ssize_t, i=cython.Py_ssize_t,
                at=cython.Py_ssize_t, items=cython.Py_ssize_t, start=cython.Py_ssize_t, total=cython.Py_ssize_t,
-               kept=cython.p_char, fresh=cython.p_char)
+               kept=cython.p_char, fresh=cython.p_char, into=cython.p_char)
 def head_replaced(buf: bytes, upto: cython.Py_ssize_t, head: bytes) -> tuple[int, bytes]:
     """The msgpack array in ``buf`` (all of it, checked to its end) with its first ``upto`` items
     replaced by those of the array ``head`` (``upto`` items): the item count of ``buf`` and the new
@@ -149,14 +153,21 @@ def head_replaced(buf: bytes, upto: cython.Py_ssize_t, head: bytes) -> tuple[int
     if count <= upto:
         return count, head
     total = count
+    kept = buf  # (compiled: cut from the buffers as char pointers, both ends given; see tubes/task.py's rettask)
+    fresh = head
+    if cython.compiled and total < 16:  # (a task's tuple): the new array written in one allocation
+        out = PyBytes_FromStringAndSize(cython.NULL, 1 + len(head) - start + end - at)
+        into = PyBytes_AS_STRING(out)
+        into[0] = 0x90 | total
+        memcpy(into + 1, fresh + start, len(head) - start)
+        memcpy(into + 1 + len(head) - start, kept + at, end - at)
+        return count, out
     if total < 16:
         header = _FIX_ARRAYS[total]
     elif total < 0x10000:
         header = b"\xdc" + total.to_bytes(2, "big")
     else:
         header = b"\xdd" + total.to_bytes(4, "big")
-    kept = buf  # (compiled: cut from the buffers as char pointers, both ends given; see tubes/task.py's rettask)
-    fresh = head
     return count, b"".join((header, fresh[start:len(head)], kept[at:end]))
 
 
