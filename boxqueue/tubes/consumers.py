@@ -296,6 +296,7 @@ class Consumers(Producers):
         claim = self.present_claim(space_id, tube_name, claim_id)
         return claim if claim is not None and claim.expires > now_us() else None
 
+    @cython.locals(tube=Tube, task=Task, now=cython.longlong)
     def claimed_tasks(self, space_id: int, tube_name: str, claim: Claim) -> list[Task]:
         """The live tasks a claim holds, in creation order."""
         tube = self.tubes.get((space_id, tube_name))
@@ -304,7 +305,13 @@ class Consumers(Producers):
         now = now_us()
         # A listed claim names its tasks in take order, most often creation order already.
         held = claim.tasks if claim.listed is None else [i for i in claim.listed if i in claim.tasks]
-        tasks = [t for i in held if (t := tube.tasks.get(i)) is not None and t.expires > now]
+        tasks = []
+        for task_id in held:
+            found = tube.tasks.get(task_id)
+            if found is not None:
+                task = found
+                if task.created + task.ttl > now:
+                    tasks.append(task)
         return tasks if in_creation_order(tasks) else sorted(tasks, key=created_of)
 
     def renew_claim(self, space_id: int, tube_name: str, claim_id: str, *, ttl: int, grace: int) -> Later[bool]:

@@ -62,6 +62,7 @@ cdef class EngineBase:
     cpdef _place_inserted(self, object queue_space, Tube tube, list tasks, list raws)
     cpdef _tally(self, Tube tube, object old, object new, bint expired=*)
     cpdef _count_tally(self, Tube tube, Py_ssize_t which, Py_ssize_t count)
+    cpdef _tally_changed(self, Tube tube, list done_changes)
     cpdef _tally_deleted(self, Tube tube, list deleted, bint expired)
     cpdef _notify(self, Tube tube, object task_id, object old, object new, object raw)
 

@@ -734,10 +734,9 @@ class EngineBase:
                 later.settle(None, error)
                 return
             assert results is not None
-            for i, (task, before, header) in enumerate(done_changes):
-                if before[2] != header[2]:
-                    self._tally(tube, before[2], header[2])
-                if self.hooks:
+            self._tally_changed(tube, done_changes)
+            if self.hooks:
+                for i, (task, before, _header) in enumerate(done_changes):
                     raw = results[i] if rewrite else self.stored(queue_space, task)
                     self._notify(tube, task.id, before[2], task.status, raw)
             self._tally_deleted(tube, deleted, expiring)
@@ -809,6 +808,25 @@ class EngineBase:
         self._count_tally(tube, PUTS, len(placed))
         if woke:
             tube.wake_one_consumer()
+
+    @cython.locals(i=cython.Py_ssize_t, run=cython.Py_ssize_t, before=list, header=list)
+    def _tally_changed(self, tube: Tube, done_changes: list[tuple[Task, list[Any], list[Any]]]) -> None:
+        """:meth:`_tally` of each change of status of a batch's ``(task, before, header)``, a run
+        of the same change at a time (a claim's tasks all go from ready to taken)."""
+        old: Any = None
+        new: Any = None
+        run = 0
+        for i in range(len(done_changes)):
+            _task, before, header = done_changes[i]
+            if before[2] is header[2] or before[2] == header[2]:
+                continue
+            if before[2] is not old or header[2] is not new:
+                if run:
+                    self._count_tally(tube, tally_of(old, new), run)
+                old, new, run = before[2], header[2], 0
+            run += 1
+        if run:
+            self._count_tally(tube, tally_of(old, new), run)
 
     @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
     def _tally_deleted(self, tube: Tube, deleted: list[Task], expired: bool) -> None:
