@@ -8,7 +8,8 @@ Spark session, then times four jobs end to end, as a user would see them, ``--ru
 * write: ``spark.range(N)`` as (id, payload) into the space, mode append (REPLACE, batch_size rows
   a request);
 * read: the whole space through the ``noop`` sink (every column materialised, nothing kept);
-* tube: ``--tube-rows`` rows into a tube (box.queue.put's semantics, batch_size rows a request);
+* tube: ``--tube-rows`` rows into a tube (box.queue.put's semantics, batch_size rows a request), and
+  the server's CPU time a row;
 * stream: ``--stream-tasks`` tasks put into a tube, then ``spark.readStream`` of the tube into the
   ``noop`` sink with Trigger.AvailableNow: tasks over the query's time, the batches' own rate
   and where their time went (durationMs) from StreamingQueryProgress, and the server's CPU time a
@@ -112,6 +113,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tube_write(tasks, uri: str, tube: str, args: argparse.Namespace, server_pid: int) -> dict:
+    """The frame's rows put into ``tube``; the server's CPU time a row (µs) over the job."""
+    cpu_before = cpu_seconds(server_pid)
+    (tasks.write.format("boxqueue").option("uri", uri).option("tube", tube)
+     .option("pipeline_depth", args.depth).option("batch_size", args.batch_size).mode("append").save())
+    return {"server_us_a_row": round((cpu_seconds(server_pid) - cpu_before) * 1e6 / args.tube_rows, 1)}
+
+
 def stream(spark, uri: str, tube: str, args: argparse.Namespace, server_pid: int) -> dict:
     """The tube read as a stream into noop until empty; the batches' own rate from their progress,
     and the server's CPU time a task (µs) over the query."""
@@ -168,10 +177,8 @@ def main() -> int:
             if args.tube_rows:
                 tasks = spark.range(args.tube_rows, numPartitions=args.partitions).selectExpr(
                     "concat('task-', id) as payload")
-                results.append(timed("tube", args.tube_rows, lambda tasks=tasks, run=run: (
-                    tasks.write.format("boxqueue").option("uri", uri).option("tube", f"bench{run}")
-                    .option("pipeline_depth", args.depth).option("batch_size", args.batch_size)
-                    .mode("append").save())))
+                results.append(timed("tube", args.tube_rows, lambda tasks=tasks, run=run: tube_write(
+                    tasks, uri, f"bench{run}", args, server.proc.pid)))
             if args.stream_tasks:
                 fill_tube(uri, f"events{run}", args.stream_tasks)
                 results.append(timed("stream", args.stream_tasks, lambda run=run: stream(

@@ -411,7 +411,7 @@ _PLAIN = frozenset({int, str, float, bool, type(None), bytes, dict})
 
 def _pack_item(value: Any) -> bytes:
     if isinstance(value, Raw):
-        return bytes(value)
+        return value  # (joined as it is: a copy made here was copied again by the join)
     if isinstance(value, list | tuple):
         return pack_array(value)
     return pack(value)

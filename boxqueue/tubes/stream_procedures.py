@@ -26,7 +26,7 @@ import cython
 
 from boxqueue.errcodes import ER, BoxError
 from boxqueue.spaces.catalog import Catalog
-from boxqueue.spaces.msgpack_values import Raw
+from boxqueue.spaces.msgpack_values import Raw, array_header
 from boxqueue.spaces.procedures import CallContext, Procedures
 from boxqueue.spaces.sysviews import SystemView
 from boxqueue.tubes.box_queue import _stored_pri
@@ -162,7 +162,9 @@ class StreamProcedures:
                                          _count(limit, "limit", fn))
         existing = self.engine.existing_tube(space_id, name)
         kind = existing.kind.name if existing is not None else self.engine.queue_space(space_id).kind.name
-        return [self.engine.queue_space(space_id).layout.data_at, kind, [Raw(raw) for raw in tuples]]
+        # The tuples as one array already msgpack (one piece, not one a tuple: a streamed task's
+        # answer was copied four times).
+        return [self.engine.queue_space(space_id).layout.data_at, kind, Raw(b"".join([array_header(len(tuples)), *tuples]))]
 
     async def stream_renew(self, ctx: CallContext, space: Any = None, tube: Any = None, claims: Any = None,
                            ttl: Any = None) -> list[Any]:
