@@ -54,16 +54,18 @@ class _HeldBy:
         self.ttl = ttl
         self.holder = holder
 
-    @cython.locals(t=Task)
+    @cython.locals(t=Task, life=cython.longlong)
     def __call__(self, t: Task) -> None:
-        if t.created + t.ttl < self.expires:
-            t.ttl = self.expires + self.grace - t.created
+        life = t.ttl  # (every stored time fits 64 bits: added up as C integers)
+        if t.created + life < self.expires:
+            life = self.expires + self.grace - t.created
+            t.ttl = life
             if t.attrs is not None:
                 t.attrs["lifetime"] = self.ttl + self.grace
         if t.status != TAKEN:
             t.ctaken += 1
         t.status, t.cid, t.ttr = TAKEN, self.holder, self.ttl
-        t.event = min(self.expires, t.created + t.ttl)
+        t.event = min(self.expires, t.created + life)
 
 
 def made_ready(task: Task) -> None:

@@ -162,13 +162,15 @@ class Tube:
             self.by_expiry.add(task)
         _count_in(self, task, status)
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t)
+    @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
     def enter_many(self, tasks: list[Task]) -> None:
         """:meth:`enter` of each of ``tasks`` (in their order in the orderings, mostly: the
         tasks a batch puts, in creation order; those a claim holds, due together): each ordering
         extended once (:meth:`Ordering.extend`)."""
         ready: list[Task] = []
         buried: list[Task] = []
+        counted: Any = None  # the status of the run of tasks counted together, and its length
+        run = 0
         for i in range(len(tasks)):
             task = tasks[i]
             status = task.status
@@ -176,7 +178,14 @@ class Tube:
                 ready.append(task)
             elif status == BURIED:
                 buried.append(task)
-            _count_in(self, task, status)
+            _held_in(self, task, status)
+            if status is not counted:
+                if run:
+                    self.counts[counted] += run
+                counted, run = status, 0
+            run += 1
+        if run:
+            self.counts[counted] += run
         if ready:
             self.ready.extend(ready)
         if buried:
@@ -185,12 +194,14 @@ class Tube:
         if self.by_expiry is not None:
             self.by_expiry.extend(tasks)
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t)
+    @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
     def leave_many(self, tasks: list[Task]) -> None:
         """:meth:`leave` of each of ``tasks``: each ordering shortened once
         (:meth:`Ordering.remove_many`)."""
         ready: list[Task] = []
         buried: list[Task] = []
+        counted: Any = None
+        run = 0
         for i in range(len(tasks)):
             task = tasks[i]
             status = task.status
@@ -198,7 +209,14 @@ class Tube:
                 ready.append(task)
             elif status == BURIED:
                 buried.append(task)
-            _count_out(self, task, status)
+            _held_out(self, task, status)
+            if status is not counted:
+                if run:
+                    self.counts[counted] -= run
+                counted, run = status, 0
+            run += 1
+        if run:
+            self.counts[counted] -= run
         if ready:
             self.ready.remove_many(ready)
         if buried:
@@ -368,13 +386,22 @@ class Tube:
 @cython.cfunc
 @cython.locals(tube=Tube, task=Task)
 def _count_out(tube: Tube, task: Task, status: str) -> None:
-    """What :meth:`Tube.leave` and :meth:`Tube.leave_many` take back of a task besides its keys."""
-    if status == TAKEN and is_claim_holder(task.cid):
+    """What :meth:`Tube.leave` takes back of a task besides its keys."""
+    _held_out(tube, task, status)
+    tube.counts[status] -= 1
+
+
+@cython.cfunc
+@cython.locals(tube=Tube, task=Task)
+def _held_out(tube: Tube, task: Task, status: str) -> None:
+    """A task taken is no longer its claim's, nor counted busy in its sub-queue."""
+    if status != TAKEN:
+        return
+    if is_claim_holder(task.cid):
         claim = tube.claims.get(task.cid)
         if claim is not None:
             claim.tasks.discard(task.id)
-    tube.counts[status] -= 1
-    if tube.busy is not None and status == TAKEN:
+    if tube.busy is not None:
         sub = _subqueue(task)
         left = tube.busy[sub] - 1
         if left:
@@ -388,11 +415,20 @@ def _count_out(tube: Tube, task: Task, status: str) -> None:
 def _count_in(tube: Tube, task: Task, status: str) -> None:
     """What :meth:`Tube.enter` and :meth:`Tube.enter_all` note of a task besides its keys: a
     claim's tasks, the counts by status, the busy sub-queues."""
-    if status == TAKEN and is_claim_holder(task.cid):
+    _held_in(tube, task, status)
+    tube.counts[status] += 1
+
+
+@cython.cfunc
+@cython.locals(tube=Tube, task=Task)
+def _held_in(tube: Tube, task: Task, status: str) -> None:
+    """A task taken is its claim's, and counted busy in its sub-queue."""
+    if status != TAKEN:
+        return
+    if is_claim_holder(task.cid):
         claim = tube.claims.get(task.cid)
         if claim is not None:
             claim.tasks.add(task.id)
-    tube.counts[status] += 1
-    if tube.busy is not None and status == TAKEN:
+    if tube.busy is not None:
         sub = _subqueue(task)
         tube.busy[sub] = tube.busy.get(sub, 0) + 1
