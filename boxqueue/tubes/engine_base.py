@@ -187,19 +187,6 @@ class QueueSpace:
         return self.space.id
 
 
-class _Each:
-    """A write of several changes whose result is the list of theirs, one each (a batch's
-    deletes, :meth:`spaces.space.Space.prepare_deletes`): :meth:`EngineBase._batch` lists each."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[lmdb.Transaction], list[Any]]) -> None:
-        self.fn = fn
-
-    def __call__(self, txn: lmdb.Transaction) -> list[Any]:
-        return self.fn(txn)
-
-
 class BatchError(RuntimeError):
     """A write of several tasks failed part-way; the committer rolls the batch back."""
 
@@ -688,9 +675,10 @@ class EngineBase:
                 writes.append(_rewrite(queue_space, task, header, changed[i][2]))
         written = len(done_changes) if rewrite else 0  # the results of the changes' writes
         deleted = [t for t in deletes if tube.tasks.get(t.id) is t]
+        drop: Callable[[lmdb.Transaction], list[Any]] | None = None
         if deleted:
             self._remove_many(tube, deleted)
-            writes.append(_Each(space.prepare_deletes([layout.key(task) for task in deleted])))
+            drop = space.prepare_deletes([layout.key(task) for task in deleted])  # one write for them all
         new: list[Task] = []
         raws: list[bytes] = []
         rows: list[list[Any]] = []
@@ -710,10 +698,9 @@ class EngineBase:
             results = []
             try:
                 for fn in writes:
-                    if type(fn) is _Each:
-                        results.extend(fn(txn))
-                    else:
-                        results.append(fn(txn))
+                    results.append(fn(txn))
+                if drop is not None:
+                    results.extend(drop(txn))
                 if put is not None:
                     results.extend(put(txn))
                 for fn in extra:

@@ -308,7 +308,6 @@ def sort_by_created(tasks: list[Task]) -> None:
     tasks.sort(key=_created_float)
 
 
-@cython.locals(task=Task)
 @cython.locals(tasks=list, task=Task, last=Task, i=cython.Py_ssize_t)
 def in_creation_order(tasks: list[Task]) -> bool:
     """Whether ``tasks`` come in creation order, as a stable sort by creation would leave them
@@ -320,6 +319,7 @@ def in_creation_order(tasks: list[Task]) -> bool:
     return True
 
 
+@cython.locals(task=Task)
 def created_of(task: Task) -> Any:
     return task.created
 

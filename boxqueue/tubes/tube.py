@@ -162,30 +162,13 @@ class Tube:
             self.by_expiry.add(task)
         _count_in(self, task, status)
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
     def enter_many(self, tasks: list[Task]) -> None:
         """:meth:`enter` of each of ``tasks`` (in their order in the orderings, mostly: the
         tasks a batch puts, in creation order; those a claim holds, due together): each ordering
         extended once (:meth:`Ordering.extend`)."""
         ready: list[Task] = []
         buried: list[Task] = []
-        counted: Any = None  # the status of the run of tasks counted together, and its length
-        run = 0
-        for i in range(len(tasks)):
-            task = tasks[i]
-            status = task.status
-            if status == READY:
-                ready.append(task)
-            elif status == BURIED:
-                buried.append(task)
-            _held_in(self, task, status)
-            if status is not counted:
-                if run:
-                    self.counts[counted] += run
-                counted, run = status, 0
-            run += 1
-        if run:
-            self.counts[counted] += run
+        _note_many(self, tasks, 1, ready, buried)
         if ready:
             self.ready.extend(ready)
         if buried:
@@ -194,29 +177,12 @@ class Tube:
         if self.by_expiry is not None:
             self.by_expiry.extend(tasks)
 
-    @cython.locals(task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t)
     def leave_many(self, tasks: list[Task]) -> None:
         """:meth:`leave` of each of ``tasks``: each ordering shortened once
         (:meth:`Ordering.remove_many`)."""
         ready: list[Task] = []
         buried: list[Task] = []
-        counted: Any = None
-        run = 0
-        for i in range(len(tasks)):
-            task = tasks[i]
-            status = task.status
-            if status == READY:
-                ready.append(task)
-            elif status == BURIED:
-                buried.append(task)
-            _held_out(self, task, status)
-            if status is not counted:
-                if run:
-                    self.counts[counted] -= run
-                counted, run = status, 0
-            run += 1
-        if run:
-            self.counts[counted] -= run
+        _note_many(self, tasks, -1, ready, buried)
         if ready:
             self.ready.remove_many(ready)
         if buried:
@@ -381,6 +347,35 @@ class Tube:
         """Wake the monitor if ``when`` comes before the time it sleeps until."""
         if when < self.monitor_until:
             self.monitor_wakeup.set()
+
+
+@cython.cfunc
+@cython.locals(tube=Tube, task=Task, i=cython.Py_ssize_t, run=cython.Py_ssize_t, step=cython.int)
+def _note_many(tube: Tube, tasks: list[Task], step: int, ready: list[Task], buried: list[Task]) -> None:
+    """What :meth:`Tube.enter_many` (``step`` 1) or :meth:`Tube.leave_many` (-1) notes of
+    ``tasks`` besides their keys: as :func:`_count_in` or :func:`_count_out` of each, the counts
+    by status added up a run of one status at a time; and which of them are ``ready`` and
+    ``buried`` (the orderings of their status)."""
+    counted: Any = None  # the status of the run of tasks counted together, and its length
+    run = 0
+    for i in range(len(tasks)):
+        task = tasks[i]
+        status = task.status
+        if status == READY:
+            ready.append(task)
+        elif status == BURIED:
+            buried.append(task)
+        if step > 0:
+            _held_in(tube, task, status)
+        else:
+            _held_out(tube, task, status)
+        if status is not counted:
+            if run:
+                tube.counts[counted] += step * run
+            counted, run = status, 0
+        run += 1
+    if run:
+        tube.counts[counted] += step * run
 
 
 @cython.cfunc
